@@ -1,0 +1,29 @@
+"""FastMACE: molecular dynamics with pretrained MACE potentials, run whole on one NVIDIA GPU.
+
+Import fastmace before torch: the import switches PyTorch's file locks to NFS-safe soft locks
+(see docs/environment.md). It imports neither torch nor MACE and creates no file.
+"""
+
+# This must stay the first statement that runs code: it has to precede any import of torch.
+from fastmace.runtime.startup import apply_at_import as _apply_at_import
+
+_RUNTIME_INFO = _apply_at_import()
+
+from fastmace._version import __version__  # noqa: E402
+from fastmace.runtime.cache import CacheLocationError  # noqa: E402
+from fastmace.runtime.environment import EnvironmentVariableError  # noqa: E402
+from fastmace.runtime.startup import RuntimeInfo  # noqa: E402
+
+
+def runtime_info() -> RuntimeInfo:
+    """What ``import fastmace`` decided for this process: file locks and the CUDA driver cache."""
+    return _RUNTIME_INFO
+
+
+__all__ = [
+    "CacheLocationError",
+    "EnvironmentVariableError",
+    "RuntimeInfo",
+    "__version__",
+    "runtime_info",
+]

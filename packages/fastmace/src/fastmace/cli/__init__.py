@@ -1,0 +1,1 @@
+"""The ``fastmace`` command line."""

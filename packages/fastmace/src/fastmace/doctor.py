@@ -1,0 +1,421 @@
+"""``fastmace doctor``: what is installed, what is missing, and how to fix it. Changes nothing.
+
+One check per line, in a fixed order. A failed required check prints ``[FAIL]`` and makes the
+exit code 1; a failed optional one prints ``[warn]``. Every failure names its fix.
+
+Doctor looks MACE and OpenEquivariance up without importing them (importing OpenEquivariance
+builds its host extension), reads the cuEquivariance ops wheels' file lists instead of
+importing them (the import creates a Triton cache directory), creates no cache directory and
+deletes no lock file. It imports torch, for the GPU check.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from importlib import metadata
+from importlib import util as importlib_util
+from pathlib import Path
+from typing import Any, TextIO
+
+from fastmace import runtime_info
+from fastmace.models.checkpoints import checkpoint_for_file, sha256_of
+from fastmace.oeq import toolchain
+from fastmace.runtime import environment
+from fastmace.runtime.cache import CacheLocationError, check_cache_root, locate_cache_root
+from fastmace.runtime.mounts import nfs_mount_of, read_mount_table
+from fastmace.runtime.stale_locks import find_stale_locks, removal_command
+from fastmace.runtime.startup import RuntimeInfo, file_lock_problems
+
+QUALIFIED_MACE = "0.3.16"
+
+
+class CheckFailed(Exception):
+    """Raised by a check to report its failure; the message says what is wrong and the fix."""
+
+
+@dataclass
+class DoctorContext:
+    """What the checks look at: the user's environment as it was before doctor touched it."""
+
+    environ: Mapping[str, str]
+    runtime: RuntimeInfo
+    hash_models: bool = True
+
+    @cached_property
+    def torch(self) -> Any:
+        import torch  # the one heavy import doctor makes, for torch.cuda and torch.version
+
+        return torch
+
+    @cached_property
+    def torch_cuda_major(self) -> int | None:
+        cuda = self.torch.version.cuda
+        return int(cuda.split(".")[0]) if cuda else None
+
+    @cached_property
+    def mounts(self) -> list:
+        return read_mount_table()
+
+
+Check = Callable[[DoctorContext], str]
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _driver_version() -> str | None:
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
+        return None
+    try:
+        result = subprocess.run(
+            [nvidia_smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    versions = sorted(set(result.stdout.split()))
+    return ", ".join(versions) if result.returncode == 0 and versions else None
+
+
+def check_gpu(ctx: DoctorContext) -> str:
+    torch = ctx.torch
+    driver = _driver_version()
+    driver_text = f"driver {driver}" if driver else "no driver found by nvidia-smi"
+    if not torch.cuda.is_available():
+        raise CheckFailed(
+            f"no CUDA GPU visible to torch ({driver_text}; torch CUDA {torch.version.cuda}): "
+            "MD needs an NVIDIA GPU; on this machine only the demo and the tests run (on the CPU)"
+        )
+    names = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
+    return (
+        f"{len(names)} GPU(s): {', '.join(names)}; {driver_text}; torch CUDA {torch.version.cuda}"
+    )
+
+
+def check_torch(ctx: DoctorContext) -> str:
+    version = _version("torch")
+    if version is None:
+        raise CheckFailed(
+            "torch is not installed: install a CUDA build of torch (pip install torch)"
+        )
+    cuda = ctx.torch.version.cuda
+    if cuda is None:
+        raise CheckFailed(
+            f"torch {version} is a CPU-only build: install a CUDA build of torch "
+            "(e.g. pip install torch, which brings CUDA 13 on Linux x86_64)"
+        )
+    return f"torch {version} (CUDA {cuda})"
+
+
+def check_mace(ctx: DoctorContext) -> str:
+    version = _version("mace-torch")
+    if version is None or importlib_util.find_spec("mace") is None:
+        raise CheckFailed(f"mace-torch is not installed: pip install mace-torch=={QUALIFIED_MACE}")
+    if version != QUALIFIED_MACE:
+        return f"mace-torch {version} (note: FastMACE is qualified against {QUALIFIED_MACE})"
+    return f"mace-torch {version}"
+
+
+def _missing_libraries(distribution: str) -> tuple[int, list[str]]:
+    """How many shared libraries a wheel's RECORD lists, and which of them are missing."""
+    dist = metadata.distribution(distribution)
+    libraries = [f for f in dist.files or () if re.search(r"\.so(\.|$)", f.name)]
+    missing = [str(f) for f in libraries if not Path(dist.locate_file(f)).exists()]
+    return len(libraries), missing
+
+
+def check_cuequivariance(ctx: DoctorContext) -> str:
+    front = {name: _version(name) for name in ("cuequivariance", "cuequivariance-torch")}
+    absent = [name for name, version in front.items() if version is None]
+    if absent:
+        raise CheckFailed(f"{', '.join(absent)} not installed: pip install cuequivariance-torch")
+    major = ctx.torch_cuda_major
+    wanted = f"cuequivariance-ops-torch-cu{major}" if major else "cuequivariance-ops-torch-cu13"
+    installed = {
+        f"cu{m}": _version(f"cuequivariance-ops-torch-cu{m}")
+        for m in (12, 13)
+        if _version(f"cuequivariance-ops-torch-cu{m}")
+    }
+    torch_cuda = f"torch's CUDA {ctx.torch.version.cuda}" if major else "a CUDA build of torch"
+    if not installed:
+        raise CheckFailed(
+            "cuequivariance_ops_torch is not installed, so MACE would use cuEquivariance's naive "
+            f"kernels: install the ops wheel matching {torch_cuda}: pip install {wanted}"
+        )
+    if major is not None and f"cu{major}" not in installed:
+        raise CheckFailed(
+            f"the ops wheel for {', '.join(installed)} is installed, but torch has CUDA "
+            f"{ctx.torch.version.cuda}: pip install {wanted}"
+        )
+    count, missing = 0, []
+    for distribution in (wanted, wanted.replace("-torch", "")):
+        if _version(distribution) is not None:
+            listed, absent_files = _missing_libraries(distribution)
+            count += listed
+            missing += absent_files
+    if missing:
+        raise CheckFailed(
+            f"{len(missing)} of the ops wheels' {count} shared libraries are missing "
+            f"({', '.join(missing[:3])}): reinstall with pip install --force-reinstall {wanted}"
+        )
+    versions = ", ".join(f"{name} {version}" for name, version in front.items())
+    return f"{versions}, {wanted} {_version(wanted)} ({count} libraries present)"
+
+
+def check_openequivariance(ctx: DoctorContext) -> str:
+    version = _version("openequivariance")
+    if version is None:
+        raise CheckFailed(
+            "OpenEquivariance is not installed, so the hybrid backend is unavailable (plain "
+            "cuEquivariance runs): pip install 'fastmace[oeq]'"
+        )
+    root = locate_cache_root(environ=ctx.environ).path
+    lock_roots = [environment.torch_extensions_dir(ctx.environ), root / "oeq"]
+    stale = find_stale_locks(lock_roots)
+    if stale:
+        raise CheckFailed(
+            f"{len(stale)} stale build lock(s) older than an hour that no process holds; a build "
+            f"would wait on them; remove them with: {removal_command(stale)}"
+        )
+    driver, driver_source = toolchain.find_driver_library(ctx.environ)
+    needs = (
+        ("a C++ compiler", toolchain.find_cxx(ctx.environ), "install g++"),
+        ("ninja", toolchain.find_ninja(), "pip install ninja"),
+        (
+            "the CUDA 13 runtime wheel",
+            toolchain.cuda_wheel_library("libcudart"),
+            "pip install 'nvidia-cuda-runtime==13.*'",
+        ),
+        (
+            "libcuda.so.1",
+            driver,
+            f"{driver_source}: install the NVIDIA driver or set OEQ_CUDA_DRIVER_LIBRARY",
+        ),
+    )
+    missing = [f"{name} ({fix})" for name, found, fix in needs if not found]
+    if missing:
+        raise CheckFailed(
+            f"openequivariance {version} is installed, but its host extension cannot be built, "
+            "so the hybrid backend is unavailable (plain cuEquivariance runs); missing: "
+            + "; ".join(missing)
+        )
+    extensions = root / "oeq" / "extensions"
+    built = extensions.is_dir() and any(extensions.iterdir())
+    state = "built before" if built else "not built yet (built once, at the first hybrid load)"
+    return f"openequivariance {version}; host extension: toolchain found, {state}"
+
+
+def _optional_package(distribution: str, fix: str) -> Check:
+    def check(ctx: DoctorContext) -> str:
+        version = _version(distribution)
+        if version is None:
+            raise CheckFailed(f"{distribution} is not installed: {fix}")
+        return f"{distribution} {version}"
+
+    return check
+
+
+def check_triton(ctx: DoctorContext) -> str:
+    version = _version("triton") or _version("pytorch-triton")
+    if version is None:
+        raise CheckFailed("Triton is not installed: pip install triton")
+    return f"triton {version}"
+
+
+def check_nvrtc(ctx: DoctorContext) -> str:
+    major = ctx.torch_cuda_major or 13
+    bindings = _version("cuda-bindings")
+    library = toolchain.cuda_wheel_library("libnvrtc", major)
+    if bindings is None or int(bindings.split(".")[0]) != major:
+        have = f"cuda-bindings {bindings}" if bindings else "cuda-bindings is not installed"
+        raise CheckFailed(f"{have}: install cuda-bindings matching torch's CUDA: "
+                          f"pip install 'cuda-bindings=={major}.*'")  # fmt: skip
+    if library is None:
+        raise CheckFailed(
+            f"libnvrtc.so.{major} not found in torch's CUDA wheels: "
+            f"pip install nvidia-cuda-nvrtc (CUDA {major})"
+        )
+    return f"cuda-bindings {bindings}; {library}"
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_cache_root_location(ctx: DoctorContext) -> str:
+    fix = "set FASTMACE_CACHE to a writable directory outside the environment"
+    try:
+        root = locate_cache_root(environ=ctx.environ)
+        check_cache_root(root)
+    except (CacheLocationError, environment.EnvironmentVariableError) as error:
+        raise CheckFailed(f"{error}; {fix}") from error
+    if root.path.exists():
+        writable = root.path.is_dir() and os.access(root.path, os.W_OK | os.X_OK)
+        state = "exists"
+    else:
+        parent = _nearest_existing(root.path)
+        writable = parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+        state = f"will be created on first use under {parent}"
+    if not writable:
+        raise CheckFailed(f"{root.path} (from {root.source}) is not writable: {fix}")
+    return f"{root.path} (from {root.source}; {state})"
+
+
+def check_file_locks(ctx: DoctorContext) -> str:
+    info = ctx.runtime
+    root = locate_cache_root(environ=ctx.environ).path
+    cache_nfs = nfs_mount_of(root, ctx.mounts)
+    problems = file_lock_problems(info, cache_nfs is not None, ctx.environ)
+    if problems:
+        raise CheckFailed(
+            "; ".join(problems) + ": import fastmace before torch and leave "
+            "FASTMACE_SOFT_FILE_LOCKS unset or 1; or set CUDA_CACHE_DISABLE=1 or CUDA_CACHE_PATH "
+            "to a local directory"
+        )
+    where = f"on NFS ({cache_nfs.mount_point})" if cache_nfs else "not on NFS"
+    return (
+        f"{info.lock_mode} locks ({info.lock_reason}); cache root {where}; "
+        f"CUDA driver cache: {info.cuda_cache} ({info.cuda_cache_reason})"
+    )
+
+
+def check_model_files(ctx: DoctorContext) -> str:
+    directories = [environment.models_directory(ctx.environ)]
+    directories.append(locate_cache_root(environ=ctx.environ).path / "models")
+    verified, unknown, skipped, bad = [], [], [], []
+    for directory in filter(None, directories):
+        if not directory.exists():
+            continue
+        for path in sorted(directory.iterdir()):
+            if not path.is_file() or path.name.endswith(".part"):
+                continue
+            checkpoint = checkpoint_for_file(path.name)
+            if checkpoint is None:
+                unknown.append(str(path))
+            elif path.stat().st_size == 0:
+                skipped.append(f"{path} (empty, skipped)")
+            elif not ctx.hash_models or sha256_of(path) == checkpoint.sha256:
+                verified.append(checkpoint.id)
+            else:
+                bad.append((path, checkpoint.id))
+    if bad:
+        fixes = "; ".join(
+            f"{path} does not match its SHA-256: delete it and fetch it again with "
+            f"fm.load({label!r}, download=True)"
+            for path, label in bad
+        )
+        raise CheckFailed(fixes)
+    searched = " and ".join(str(d) for d in directories if d is not None)
+    if not (verified or skipped or unknown):
+        return f"no checkpoint files in {searched}"
+    parts = [f"{len(verified)} checkpoint(s) verified" if ctx.hash_models else
+             f"{len(verified)} checkpoint(s) found, hashes not checked (--no-hash)"]  # fmt: skip
+    if verified:
+        parts[0] += f": {', '.join(verified)}"
+    if skipped:
+        parts.append(", ".join(skipped))
+    if unknown:
+        parts.append(f"not in the label table: {', '.join(unknown)}")
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class DoctorCheck:
+    name: str
+    required: bool
+    run: Check
+
+
+CHECKS = (
+    DoctorCheck("GPU and driver", False, check_gpu),
+    DoctorCheck("torch", True, check_torch),
+    DoctorCheck("MACE", True, check_mace),
+    DoctorCheck("cuEquivariance", True, check_cuequivariance),
+    DoctorCheck("OpenEquivariance", False, check_openequivariance),
+    DoctorCheck("Triton", False, check_triton),
+    DoctorCheck("NVRTC", False, check_nvrtc),
+    DoctorCheck(
+        "graph-longrange",
+        False,
+        _optional_package(
+            "graph-longrange", "needed for MACE-POLAR-1: pip install 'fastmace[polar]'"
+        ),
+    ),
+    DoctorCheck(
+        "torch-dftd",
+        False,
+        _optional_package("torch-dftd", "needed for the D3 reference: pip install 'fastmace[d3]'"),
+    ),
+    DoctorCheck("cache root", True, check_cache_root_location),
+    DoctorCheck("file locks", True, check_file_locks),
+    DoctorCheck("model files", False, check_model_files),
+)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    required: bool
+    ok: bool
+    detail: str
+    traceback: str | None = None
+
+    @property
+    def marker(self) -> str:
+        if self.ok:
+            return "[ok]"
+        return "[FAIL]" if self.required else "[warn]"
+
+    def line(self) -> str:
+        return f"{self.marker:<6} {self.name}: {self.detail}"
+
+
+def run_check(check: DoctorCheck, ctx: DoctorContext) -> CheckResult:
+    """Run one check; a crash is reported as a failure of that check, with its traceback kept."""
+    try:
+        return CheckResult(check.name, check.required, True, check.run(ctx))
+    except CheckFailed as failure:
+        return CheckResult(check.name, check.required, False, str(failure))
+    except Exception as error:  # a crash must not hide the remaining checks
+        detail = (
+            f"the check crashed ({type(error).__name__}: {error}); "
+            "run fastmace --debug doctor for the traceback"
+        )
+        return CheckResult(check.name, check.required, False, detail, traceback.format_exc())
+
+
+def run_doctor(
+    hash_models: bool = True,
+    debug: bool = False,
+    out: TextIO | None = None,
+    checks: tuple[DoctorCheck, ...] = CHECKS,
+) -> int:
+    """Print every check, one line each; return the exit code (1 if a required check failed)."""
+    out = sys.stdout if out is None else out
+    user_environ = dict(os.environ)
+    # Doctor's own CUDA initialisation must not write the driver's JIT cache (it may be on NFS).
+    environment.overwrite("CUDA_CACHE_DISABLE", "1", "fastmace doctor's own process")
+    ctx = DoctorContext(user_environ, runtime_info(), hash_models)
+    failed_required = False
+    for check in checks:
+        result = run_check(check, ctx)
+        print(result.line(), file=out, flush=True)
+        if debug and result.traceback:
+            print(result.traceback, file=sys.stderr, flush=True)
+        failed_required |= result.required and not result.ok
+    return 1 if failed_required else 0
