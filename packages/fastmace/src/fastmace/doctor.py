@@ -30,7 +30,7 @@ from fastmace.models.checkpoints import checkpoint_for_file, sha256_of
 from fastmace.oeq import toolchain
 from fastmace.runtime import environment
 from fastmace.runtime.cache import CacheLocationError, check_cache_root, locate_cache_root
-from fastmace.runtime.mounts import nfs_mount_of, read_mount_table
+from fastmace.runtime.mounts import Mount, nfs_mount_of, read_mount_table
 from fastmace.runtime.stale_locks import find_stale_locks, removal_command
 from fastmace.runtime.startup import RuntimeInfo, file_lock_problems
 
@@ -48,6 +48,8 @@ class DoctorContext:
     environ: Mapping[str, str]
     runtime: RuntimeInfo
     hash_models: bool = True
+    mounts: list[Mount] | None = None
+    """The mount table; read from /proc/self/mounts when not given."""
 
     @cached_property
     def torch(self) -> Any:
@@ -61,8 +63,8 @@ class DoctorContext:
         return int(cuda.split(".")[0]) if cuda else None
 
     @cached_property
-    def mounts(self) -> list:
-        return read_mount_table()
+    def mount_table(self) -> list[Mount]:
+        return read_mount_table() if self.mounts is None else self.mounts
 
 
 Check = Callable[[DoctorContext], str]
@@ -183,12 +185,12 @@ def check_openequivariance(ctx: DoctorContext) -> str:
             "cuEquivariance runs): pip install 'fastmace[oeq]'"
         )
     root = locate_cache_root(environ=ctx.environ).path
-    lock_roots = [environment.torch_extensions_dir(ctx.environ), root / "oeq"]
-    stale = find_stale_locks(lock_roots)
+    problems = []
+    stale = find_stale_locks([environment.torch_extensions_dir(ctx.environ), root / "oeq"])
     if stale:
-        raise CheckFailed(
-            f"{len(stale)} stale build lock(s) older than an hour that no process holds; a build "
-            f"would wait on them; remove them with: {removal_command(stale)}"
+        problems.append(
+            f"{len(stale)} stale build lock(s), older than an hour and held by no process, "
+            f"would stall a build; remove them with: {removal_command(stale)}"
         )
     driver, driver_source = toolchain.find_driver_library(ctx.environ)
     needs = (
@@ -207,11 +209,12 @@ def check_openequivariance(ctx: DoctorContext) -> str:
     )
     missing = [f"{name} ({fix})" for name, found, fix in needs if not found]
     if missing:
-        raise CheckFailed(
-            f"openequivariance {version} is installed, but its host extension cannot be built, "
-            "so the hybrid backend is unavailable (plain cuEquivariance runs); missing: "
-            + "; ".join(missing)
+        problems.append(
+            "its host extension cannot be built, so the hybrid backend is unavailable (plain "
+            "cuEquivariance runs); missing: " + "; ".join(missing)
         )
+    if problems:
+        raise CheckFailed(f"openequivariance {version}: " + "; ".join(problems))
     extensions = root / "oeq" / "extensions"
     built = extensions.is_dir() and any(extensions.iterdir())
     state = "built before" if built else "not built yet (built once, at the first hybrid load)"
@@ -279,7 +282,7 @@ def check_cache_root_location(ctx: DoctorContext) -> str:
 def check_file_locks(ctx: DoctorContext) -> str:
     info = ctx.runtime
     root = locate_cache_root(environ=ctx.environ).path
-    cache_nfs = nfs_mount_of(root, ctx.mounts)
+    cache_nfs = nfs_mount_of(root, ctx.mount_table)
     problems = file_lock_problems(info, cache_nfs is not None, ctx.environ)
     if problems:
         raise CheckFailed(

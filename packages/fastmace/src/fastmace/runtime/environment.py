@@ -149,7 +149,7 @@ def _absolute_path(variable: Variable, environ: Mapping[str, str] | None) -> Pat
     value = _value(variable.name, environ)
     if value is None:
         return None
-    expanded = os.path.expanduser(value)
+    expanded = expand_user(value, environ)
     if not os.path.isabs(expanded):
         raise EnvironmentVariableError(variable.name, value, "give an absolute path")
     return Path(expanded)
@@ -168,6 +168,13 @@ def models_directory(environ: Mapping[str, str] | None = None) -> Path | None:
 def cuda_driver_library(environ: Mapping[str, str] | None = None) -> Path | None:
     """OEQ_CUDA_DRIVER_LIBRARY, or None to search the way the loader does."""
     return _absolute_path(OEQ_CUDA_DRIVER_LIBRARY, environ)
+
+
+def expand_user(value: str, environ: Mapping[str, str] | None = None) -> str:
+    """Expand a leading ``~`` with the given environment's HOME (``~name`` as the OS does)."""
+    if value == "~" or value.startswith("~/"):
+        return str(home(environ)) + value[1:]
+    return os.path.expanduser(value)
 
 
 def max_jobs(environ: Mapping[str, str] | None = None) -> int:

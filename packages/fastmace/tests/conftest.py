@@ -1,0 +1,55 @@
+"""Shared helpers: a clean environment for child processes and a snapshot of a directory tree."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Variables of ours (and of the tools we configure) that must not leak from the developer's
+# shell into a test's child process.
+_SCRUBBED_PREFIXES = ("FASTMACE_", "OEQ_", "TORCHINDUCTOR_", "TRITON_", "CUDA_CACHE_", "CUBLAS_")
+_SCRUBBED = {"XDG_CACHE_HOME", "TORCH_EXTENSIONS_DIR", "PYTORCH_CUDA_ALLOC_CONF", "MAX_JOBS"}
+
+
+@pytest.fixture
+def clean_env(tmp_path: Path) -> dict[str, str]:
+    """An environment for a child process with a fresh HOME and no FastMACE variables."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in _SCRUBBED and not key.startswith(_SCRUBBED_PREFIXES)
+    }
+    home = tmp_path / "home"
+    home.mkdir()
+    env["HOME"] = str(home)
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    return env
+
+
+def run_python(
+    code: str, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter of this environment."""
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def run_fastmace(
+    args: list[str], env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run the ``fastmace`` command line in a child process."""
+    return subprocess.run(
+        [sys.executable, "-m", "fastmace", *args],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def tree(root: Path) -> set[str]:
+    """Every path below ``root``, relative to it."""
+    return {str(path.relative_to(root)) for path in root.rglob("*")}

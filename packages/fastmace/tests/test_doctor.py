@@ -1,0 +1,264 @@
+"""`fastmace doctor`: order, markers, exit code, fixes, and that it changes nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from importlib import util as importlib_util
+from pathlib import Path
+
+import pytest
+from conftest import run_fastmace, run_python, tree
+
+import fastmace
+from fastmace.doctor import (
+    CHECKS,
+    CheckFailed,
+    DoctorCheck,
+    DoctorContext,
+    check_file_locks,
+    check_model_files,
+    run_check,
+    run_doctor,
+)
+from fastmace.models.checkpoints import checkpoints
+from fastmace.runtime.mounts import parse_mount_table
+from fastmace.runtime.startup import apply_at_import
+
+ORDER = [
+    "GPU and driver", "torch", "MACE", "cuEquivariance", "OpenEquivariance", "Triton", "NVRTC",
+    "graph-longrange", "torch-dftd", "cache root", "file locks", "model files",
+]  # fmt: skip
+NOT_IMPORTED = ("mace", "openequivariance", "cuequivariance_ops_torch", "cuequivariance_torch")
+
+
+def lines_by_check(stdout: str) -> dict[str, str]:
+    result = {}
+    for line in stdout.splitlines():
+        marker, _, rest = line.partition(" ")
+        name, _, detail = rest.strip().partition(": ")
+        result[name] = f"{marker} {detail}"
+    return result
+
+
+@pytest.fixture
+def doctor_env(clean_env, tmp_path):
+    clean_env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    clean_env["FASTMACE_CACHE"] = str(tmp_path / "fm-cache")
+    return clean_env
+
+
+def test_checks_are_in_the_documented_order():
+    assert [check.name for check in CHECKS] == ORDER
+    required = {check.name for check in CHECKS if check.required}
+    assert required == {"torch", "MACE", "cuEquivariance", "cache root", "file locks"}
+
+
+def test_doctor_on_this_cpu_machine(doctor_env, tmp_path):
+    result = run_fastmace(["doctor"], doctor_env, cwd=tmp_path)
+    lines = result.stdout.splitlines()
+    assert [lines_by_check(line).popitem()[0] for line in lines] == ORDER
+    checks = lines_by_check(result.stdout)
+    assert checks["cache root"].startswith("[ok]")
+    assert "from FASTMACE_CACHE; will be created on first use" in checks["cache root"]
+    assert checks["file locks"].startswith("[ok]") and "soft locks" in checks["file locks"]
+    assert checks["torch"].startswith("[ok]") and "CUDA" in checks["torch"]
+    assert checks["MACE"] == "[ok] mace-torch 0.3.16"
+    assert checks["model files"].startswith("[ok] no checkpoint files in")
+    if not _has_gpu():
+        assert checks["GPU and driver"].startswith("[warn] no CUDA GPU visible to torch")
+        assert "MD needs an NVIDIA GPU" in checks["GPU and driver"]
+    if importlib_util.find_spec("cuequivariance_ops_torch") is None:
+        assert checks["cuEquivariance"].startswith(
+            "[FAIL] cuequivariance_ops_torch is not installed"
+        )
+        assert "pip install cuequivariance-ops-torch-cu13" in checks["cuEquivariance"]
+        assert result.returncode == 1
+    for line in lines:
+        if not line.startswith("[ok]"):
+            assert ": " in line and any(w in line for w in ("install", "set ", "remove", "GPU"))
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_doctor_changes_nothing_and_imports_no_kernel_package(doctor_env, tmp_path):
+    assert importlib_util.find_spec("mace") is not None, "the test needs mace-torch installed"
+    assert importlib_util.find_spec("openequivariance") is not None, (
+        "the test needs openequivariance installed (nox -s tests installs it)"
+    )
+    # Make the OEq check walk real directories: an old build directory with no lock.
+    (tmp_path / "home" / ".cache" / "torch_extensions" / "py311_cu130").mkdir(parents=True)
+    code = (
+        "import io, json, sys, fastmace\n"
+        "from fastmace.doctor import run_doctor\n"
+        "out = io.StringIO(); code = run_doctor(out=out)\n"
+        f"print(json.dumps({{'code': code, 'out': out.getvalue(), "
+        f"'imported': [m for m in {NOT_IMPORTED!r} if m in sys.modules]}}))\n"
+    )
+    before = tree(tmp_path)
+    result = run_python(code, doctor_env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["imported"] == []
+    assert tree(tmp_path) == before
+    assert not (tmp_path / "fm-cache").exists()
+
+
+def test_cache_root_under_a_file_fails(doctor_env, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    doctor_env["FASTMACE_CACHE"] = str(tmp_path / "a-file" / "cache")
+    result = run_fastmace(["doctor", "--no-hash"], doctor_env)
+    line = lines_by_check(result.stdout)["cache root"]
+    assert line.startswith("[FAIL]") and "is not writable" in line
+    assert "set FASTMACE_CACHE to a writable directory outside the environment" in line
+    assert result.returncode == 1
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+def test_read_only_cache_root_fails(doctor_env, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    doctor_env["FASTMACE_CACHE"] = str(locked / "cache")
+    line = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["cache root"]
+    assert line.startswith("[FAIL]") and "is not writable" in line
+
+
+def test_cache_root_inside_the_environment_fails(doctor_env):
+    doctor_env["FASTMACE_CACHE"] = os.path.join(sys.prefix, "fastmace-cache")
+    line = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["cache root"]
+    assert line.startswith("[FAIL]") and "inside the Python environment" in line
+
+
+def test_relative_cache_variable_fails_with_its_name(doctor_env):
+    doctor_env["FASTMACE_CACHE"] = "relative/cache"
+    line = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["cache root"]
+    assert line.startswith("[FAIL]") and "FASTMACE_CACHE='relative/cache'" in line
+
+
+def test_stale_lock_is_listed_with_its_removal_command(doctor_env, tmp_path):
+    build = tmp_path / "ext" / "py311_cu130" / "libtorch_tp_jit"
+    build.mkdir(parents=True)
+    lock = build / "lock"
+    lock.write_text("")
+    old = time.time() - 7200
+    os.utime(lock, (old, old))
+    fresh = tmp_path / "fm-cache" / "oeq" / "torch-extensions-1" / "x" / "lock"
+    fresh.parent.mkdir(parents=True)
+    fresh.write_text("")
+    doctor_env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "ext")
+    result = run_fastmace(["doctor"], doctor_env)
+    line = lines_by_check(result.stdout)["OpenEquivariance"]
+    assert line.startswith("[warn]")
+    assert "1 stale build lock(s)" in line and f"rm -f {lock}" in line
+    assert str(fresh) not in line
+    assert lock.exists()
+
+
+def test_model_files(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    table = checkpoints()
+    (models / table[0].file).write_bytes(b"not the released file")
+    (models / table[1].file).write_bytes(b"")
+    (models / "my-own.model").write_bytes(b"x")
+    (models / (table[2].file + ".part")).write_bytes(b"partial")
+    ctx = DoctorContext({"FASTMACE_MODELS": str(models), "FASTMACE_CACHE": str(tmp_path / "c")},
+                        fastmace.runtime_info())  # fmt: skip
+    failed = run_check(DoctorCheck("model files", False, check_model_files), ctx)
+    assert failed.marker == "[warn]"
+    assert f"{models / table[0].file} does not match its SHA-256" in failed.detail
+    assert f"fm.load({table[0].id!r}, download=True)" in failed.detail
+    assert (models / table[0].file).exists()
+
+    ctx.hash_models = False
+    listed = run_check(DoctorCheck("model files", False, check_model_files), ctx)
+    assert listed.ok
+    assert "1 checkpoint(s) found, hashes not checked (--no-hash)" in listed.detail
+    assert f"{models / table[1].file} (empty, skipped)" in listed.detail
+    assert f"not in the label table: {models / 'my-own.model'}" in listed.detail
+    assert ".part" not in listed.detail
+
+
+def test_file_locks_fail_with_kernel_locks_on_nfs(tmp_path):
+    mounts = parse_mount_table("overlay / overlay rw 0 0\nsrv:/home /home nfs4 rw 0 0\n")
+    environ = {"HOME": "/home/a", "FASTMACE_SOFT_FILE_LOCKS": "0"}
+    info = apply_at_import(dict(environ), loaded_modules={"torch"}, mounts=mounts)
+    ctx = DoctorContext(environ, info, mounts=mounts)
+    with pytest.raises(CheckFailed) as failed:
+        check_file_locks(ctx)
+    message = str(failed.value)
+    assert "kernel file locks" in message and "CUDA driver cache" in message
+    assert "import fastmace before torch" in message and "CUDA_CACHE_DISABLE=1" in message
+    environ_fixed = {"HOME": "/home/a", "CUDA_CACHE_DISABLE": "1"}
+    info = apply_at_import(dict(environ_fixed), loaded_modules=set(), mounts=mounts)
+    assert "soft locks" in check_file_locks(DoctorContext(environ_fixed, info, mounts=mounts))
+
+
+def test_crashed_check_is_reported_and_others_still_run():
+    def explodes(ctx):
+        raise ZeroDivisionError("boom")
+
+    checks = (
+        DoctorCheck("first", True, explodes),
+        DoctorCheck("second", False, lambda ctx: "fine"),
+    )
+    out = io.StringIO()
+    saved = os.environ.get("CUDA_CACHE_DISABLE")
+    try:
+        code = run_doctor(out=out, checks=checks)
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_CACHE_DISABLE", None)
+        else:
+            os.environ["CUDA_CACHE_DISABLE"] = saved
+    first, second = out.getvalue().splitlines()
+    assert first.startswith("[FAIL] first: the check crashed (ZeroDivisionError: boom)")
+    assert "run fastmace --debug doctor for the traceback" in first
+    assert second == "[ok]   second: fine"
+    assert code == 1
+
+
+def test_debug_shows_the_traceback_of_a_crashed_check(doctor_env, tmp_path):
+    (tmp_path / "not-a-dir").write_text("")
+    doctor_env["FASTMACE_MODELS"] = str(tmp_path / "not-a-dir")
+    plain = run_fastmace(["doctor"], doctor_env)
+    line = lines_by_check(plain.stdout)["model files"]
+    assert line.startswith("[warn] the check crashed (NotADirectoryError")
+    assert "fastmace --debug doctor" in line
+    assert "Traceback" not in plain.stderr
+    debug = run_fastmace(["--debug", "doctor"], doctor_env)
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert "check_model_files" in debug.stderr
+
+
+def test_no_hash_skips_hashing(doctor_env, tmp_path):
+    models = tmp_path / "fm-cache" / "models"
+    models.mkdir(parents=True)
+    (models / checkpoints()[0].file).write_bytes(b"wrong")
+    hashed = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["model files"]
+    assert hashed.startswith("[warn]") and "does not match its SHA-256" in hashed
+    unhashed = lines_by_check(run_fastmace(["doctor", "--no-hash"], doctor_env).stdout)
+    assert unhashed["model files"].startswith("[ok] 1 checkpoint(s) found, hashes not checked")
+
+
+def test_cuda_cache_is_disabled_in_doctors_process(doctor_env):
+    code = (
+        "import io, os\nfrom fastmace.doctor import run_doctor\n"
+        "run_doctor(out=io.StringIO())\nprint(os.environ['CUDA_CACHE_DISABLE'])"
+    )
+    doctor_env["CUDA_CACHE_DISABLE"] = "0"
+    result = run_python(code, doctor_env)
+    assert result.stdout.strip() == "1", result.stderr
+
+
+def test_the_checkout_is_the_installed_fastmace():
+    # The index serves an unrelated project under our name; the tests must run against ours.
+    repo = Path(__file__).resolve().parents[3]
+    assert Path(fastmace.__file__).resolve().is_relative_to(repo / "packages" / "fastmace")

@@ -1,0 +1,109 @@
+"""`import fastmace`: no torch, no files, soft file locks before torch, FASTMACE_SOFT_FILE_LOCKS."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_python, tree
+
+REPORT = (
+    "import json, sys, filelock, fastmace; info = fastmace.runtime_info(); "
+    "print(json.dumps({'info': info.__dict__, 'soft': filelock.FileLock is filelock.SoftFileLock,"
+    " 'modules': sorted(m for m in ('torch', 'mace', 'e3nn', 'ase') if m in sys.modules)}))"
+)
+
+
+def report(env: dict[str, str], prelude: str = "") -> dict:
+    result = run_python(prelude + REPORT, env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_import_loads_no_heavy_module_and_switches_to_soft_locks(clean_env):
+    result = report(clean_env)
+    assert result["modules"] == []
+    assert result["soft"] is True
+    assert result["info"]["lock_mode"] == "soft"
+    assert result["info"]["late_switch"] is False
+    assert "FASTMACE_SOFT_FILE_LOCKS unset" in result["info"]["lock_reason"]
+
+
+def test_import_creates_no_file(clean_env, tmp_path):
+    clean_env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    before = tree(tmp_path)
+    result = run_python("import fastmace, fastmace.cli.main, fastmace.doctor", clean_env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert tree(tmp_path) == before
+
+
+def test_torch_imported_afterwards_binds_the_soft_lock(clean_env):
+    code = (
+        "import fastmace, filelock, torch.utils._filelock as tf; "
+        "print(issubclass(tf.FileLock, filelock.SoftFileLock))"
+    )
+    result = run_python(code, clean_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
+
+
+def test_torch_first_keeps_kernel_locks_and_reports_late_switch(clean_env):
+    result = report(clean_env, prelude="import torch.utils._filelock; ")
+    assert result["soft"] is False
+    assert result["info"]["lock_mode"] == "kernel"
+    assert result["info"]["late_switch"] is True
+    assert "import fastmace first" in result["info"]["lock_reason"]
+
+
+def test_soft_locks_demanded_after_torch_raises(clean_env):
+    clean_env["FASTMACE_SOFT_FILE_LOCKS"] = "1"
+    result = run_python("import torch; import fastmace", clean_env)
+    assert result.returncode != 0
+    assert "RuntimeError" in result.stderr
+    assert "FASTMACE_SOFT_FILE_LOCKS=1" in result.stderr
+    assert "Import fastmace first" in result.stderr
+
+
+def test_soft_locks_demanded_before_torch(clean_env):
+    clean_env["FASTMACE_SOFT_FILE_LOCKS"] = "1"
+    result = report(clean_env)
+    assert result["soft"] is True
+    assert result["info"]["lock_reason"] == "FASTMACE_SOFT_FILE_LOCKS=1"
+
+
+def test_kernel_locks_on_request_leave_cuda_cache_alone(clean_env):
+    clean_env["FASTMACE_SOFT_FILE_LOCKS"] = "0"
+    result = report(clean_env)
+    assert result["soft"] is False
+    assert result["info"]["lock_mode"] == "kernel"
+    assert result["info"]["late_switch"] is False
+    assert result["info"]["cuda_cache"] == "left alone"
+    assert "FASTMACE_SOFT_FILE_LOCKS=0" in result["info"]["cuda_cache_reason"]
+
+
+@pytest.mark.parametrize("value", ["yes", "true", "2", " 1"])
+def test_bad_soft_lock_setting_fails_the_import(clean_env, value):
+    clean_env["FASTMACE_SOFT_FILE_LOCKS"] = value
+    code = "try:\n import fastmace\nexcept ValueError as error:\n print(error)\nelse:\n print('ok')"
+    result = run_python(code, clean_env)
+    assert result.returncode == 0, result.stderr
+    assert f"FASTMACE_SOFT_FILE_LOCKS={value!r}" in result.stdout
+    assert "1 or 0" in result.stdout
+
+
+def test_runtime_info_is_frozen():
+    import dataclasses
+
+    import fastmace
+
+    info = fastmace.runtime_info()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.lock_mode = "kernel"  # type: ignore[misc]
+
+
+def test_cuda_cache_left_alone_off_nfs(clean_env):
+    result = report(clean_env)
+    info = result["info"]
+    assert info["cuda_cache"] == "left alone"
+    assert info["cuda_cache_path"] == clean_env["HOME"] + "/.nv/ComputeCache"
+    assert info["cuda_cache_on_nfs"] is False
