@@ -21,7 +21,8 @@ nox.options.default_venv_backend = "venv"
 
 
 def _torch_dir(session: nox.Session) -> str:
-    code = "import os, torch; print(os.path.dirname(torch.__file__))"
+    # find_spec locates torch without importing it (an import would print warnings here).
+    code = "import os, importlib.util as u; print(os.path.dirname(u.find_spec('torch').origin))"
     return session.run("python", "-c", code, silent=True).strip()
 
 
