@@ -47,7 +47,7 @@ def install_core(session: nox.Session, extras: str = "") -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
-    session.install("ruff>=0.6")
+    session.install("ruff==0.17.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 

@@ -24,7 +24,7 @@ from fastmace.doctor import (
     run_check,
     run_doctor,
 )
-from fastmace.models.checkpoints import checkpoints
+from fastmace.models.label_table import checkpoints
 from fastmace.runtime.mounts import parse_mount_table
 from fastmace.runtime.startup import apply_at_import
 

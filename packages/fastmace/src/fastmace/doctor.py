@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fastmace import runtime_info
-from fastmace.models.checkpoints import checkpoint_for_file, sha256_of
+from fastmace.models.files import sha256_of
+from fastmace.models.label_table import checkpoint_for_file
 from fastmace.oeq import toolchain
 from fastmace.runtime import environment
 from fastmace.runtime.cache import CacheLocationError, check_cache_root, locate_cache_root

@@ -1,0 +1,205 @@
+"""Finding a checkpoint file, proving it is the file it claims to be, and downloading it.
+
+Lookup order for a label (docs/models.md): ``checkpoint=`` path, the package's own files (the
+demo model), ``$FASTMACE_MODELS/<file>`` (an empty file there is skipped),
+``<cache root>/models/<file>``, and only with ``download=True`` the official URL. Downloads
+stream into a ``.part`` file, are hashed while streaming and are renamed into place only when
+the SHA-256 matches. Nothing here deletes a file the user put somewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TextIO
+
+from fastmace.models.label_table import Checkpoint
+from fastmace.runtime import environment
+from fastmace.runtime.cache import cache_dir, locate_cache_root
+
+_CHUNK = 1 << 20
+
+
+class ModelFileError(RuntimeError):
+    """A checkpoint file that cannot be found, read or trusted."""
+
+
+class ChecksumMismatchError(ModelFileError):
+    """A file's SHA-256 differs from the one it must have."""
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A checkpoint file ready to load, and why it may be loaded."""
+
+    path: Path
+    source: str
+    sha256: str
+    verified: bool
+    """True when ``sha256`` matched the expected hash; False when the user vouched (trusted)."""
+
+
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file, read in chunks (checkpoints reach hundreds of MB)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as stream:
+            while chunk := stream.read(_CHUNK):
+                digest.update(chunk)
+    except OSError as error:
+        raise ModelFileError(f"cannot read the checkpoint file {path}: {error}") from error
+    return digest.hexdigest()
+
+
+def verify(path: Path, expected: str | None, source: str, trusted: bool = False) -> ModelFile:
+    """Hash ``path`` and accept it if it matches ``expected``, or if the user trusts it."""
+    if not path.is_file():
+        raise ModelFileError(f"the checkpoint {path} ({source}) is not a readable file")
+    actual = sha256_of(path)
+    if expected is not None and actual == expected.lower():
+        return ModelFile(path, source, actual, verified=True)
+    if trusted:
+        return ModelFile(path, source, actual, verified=False)
+    if expected is None:
+        raise ModelFileError(
+            f"{path} has no known SHA-256, and loading a pickled checkpoint runs code from it: "
+            "pass sha256='<its hash>' to check it, or trusted=True if you trust the file"
+        )
+    raise ChecksumMismatchError(
+        f"{path} ({source}) has SHA-256 {actual}, but {expected.lower()} was expected; the file "
+        "is not the one it claims to be (damaged, partial, or another model). Nothing was deleted: "
+        "replace it, or fetch it again with fm.load(label, download=True)"
+    )
+
+
+def _packaged_path(relative: str) -> Path:
+    return Path(str(resources.files("fastmace.models").joinpath(relative)))
+
+
+def _search_places(checkpoint: Checkpoint, environ: Mapping[str, str] | None) -> list[tuple]:
+    places: list[tuple[str, Path | None]] = []
+    if checkpoint.packaged:
+        places.append(("shipped with fastmace", _packaged_path(checkpoint.packaged)))
+    models = environment.models_directory(environ)
+    places.append(("FASTMACE_MODELS", models / checkpoint.file if models else None))
+    root = locate_cache_root(environ=environ).path
+    places.append(("the cache", root / "models" / checkpoint.file))
+    return places
+
+
+def locate_label_file(
+    checkpoint: Checkpoint,
+    explicit: Path | None = None,
+    download: bool = False,
+    trusted: bool = False,
+    environ: Mapping[str, str] | None = None,
+    progress: TextIO | None = None,
+) -> ModelFile:
+    """The verified file of a label-table checkpoint, found in the documented order."""
+    if explicit is not None:
+        return verify(Path(explicit), checkpoint.sha256, "checkpoint=", trusted)
+    searched = []
+    for source, path in _search_places(checkpoint, environ):
+        if path is None:
+            searched.append(f"{source} (unset)")
+            continue
+        searched.append(str(path))
+        if path.is_file() and path.stat().st_size > 0:
+            return verify(path, checkpoint.sha256, source)
+    if download and checkpoint.url:
+        target = cache_dir("models", environ=environ) / checkpoint.file
+        download_file(checkpoint.url, target, checkpoint.sha256, progress=progress)
+        return ModelFile(target, "downloaded", checkpoint.sha256, verified=True)
+    how = (
+        f"fetch it once with fm.load({checkpoint.id!r}, download=True) or "
+        f"`fastmace models fetch {checkpoint.id}`, or give checkpoint=PATH"
+        if checkpoint.url
+        else "reinstall fastmace"
+    )
+    raise ModelFileError(
+        f"the file of {checkpoint.id} ({checkpoint.file}) was not found in: "
+        f"{', '.join(searched)}; {how}"
+    )
+
+
+def locate_url(
+    url: str,
+    sha256: str | None,
+    trusted: bool,
+    environ: Mapping[str, str] | None = None,
+    progress: TextIO | None = None,
+) -> ModelFile:
+    """A checkpoint given by URL: reused from the cache when its hash is known, else downloaded."""
+    if sha256 is None and not trusted:
+        raise ModelFileError(
+            f"a model URL needs sha256='<the file's SHA-256>' (or trusted=True): {url}"
+        )
+    name = url.rstrip("/").rsplit("/", 1)[-1] or "model"
+    target = locate_cache_root(environ=environ).path / "models" / name
+    if sha256 is not None and target.is_file() and sha256_of(target) == sha256.lower():
+        return ModelFile(target, "the cache", sha256.lower(), verified=True)
+    target = cache_dir("models", environ=environ) / name
+    actual = download_file(url, target, sha256, progress=progress)
+    return ModelFile(target, "downloaded", actual, verified=sha256 is not None)
+
+
+def _report(progress: TextIO | None, text: str) -> None:
+    if progress is not None:
+        progress.write(f"\r{text}")
+        progress.flush()
+
+
+def download_file(
+    url: str, target: Path, sha256: str | None, progress: TextIO | None = None
+) -> str:
+    """Stream ``url`` into ``target`` through a ``.part`` file; returns the SHA-256.
+
+    The file appears at ``target`` only complete and (when ``sha256`` is given) verified; on
+    any failure, interruption included, the ``.part`` file is removed.
+    """
+    if progress is None and sys.stderr.isatty():
+        progress = sys.stderr
+    part = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}.part")
+    digest = hashlib.sha256()
+    received = 0
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
+            length = response.headers.get("Content-Length")
+            expected_size = int(length) if length and length.isdigit() else None
+            last_report = 0.0
+            while chunk := response.read(_CHUNK):
+                out.write(chunk)
+                digest.update(chunk)
+                received += len(chunk)
+                if time.monotonic() - last_report > 0.5:
+                    total = f"/{expected_size / 1e6:.1f}" if expected_size else ""
+                    _report(progress, f"downloading {target.name}: {received / 1e6:.1f}{total} MB")
+                    last_report = time.monotonic()
+            if expected_size is not None and received != expected_size:
+                raise ModelFileError(
+                    f"the download of {url} ended early: {received} of {expected_size} bytes"
+                )
+            out.flush()
+            os.fsync(out.fileno())
+        actual = digest.hexdigest()
+        if sha256 is not None and actual != sha256.lower():
+            raise ChecksumMismatchError(
+                f"the download of {url} has SHA-256 {actual}, but {sha256.lower()} was expected; "
+                "it was discarded"
+            )
+        os.replace(part, target)
+        _report(progress, f"downloaded {target.name}: {received / 1e6:.1f} MB\n")
+        return actual
+    except (urllib.error.URLError, OSError) as error:
+        raise ModelFileError(f"cannot download {url}: {error}") from error
+    finally:
+        part.unlink(missing_ok=True)

@@ -1,0 +1,128 @@
+"""Loading a MACE checkpoint without side effects on the process, and describing it.
+
+mace-torch sets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` when it is imported and its converters
+call ``torch.set_default_dtype``; both would change how the user's own code behaves. Every call
+into mace-torch from FastMACE runs inside :func:`contained`, which puts the default dtype, that
+variable and the warning filters back as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_MACE_ENV_VARIABLE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+
+
+class NotAMaceModelError(ValueError):
+    """A file that loads but does not hold a MACE model."""
+
+
+@contextlib.contextmanager
+def contained() -> Iterator[None]:
+    """Undo what mace-torch does to process-wide state: default dtype, one variable, warnings."""
+    dtype = torch.get_default_dtype()
+    variable = os.environ.get(_MACE_ENV_VARIABLE)
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        torch.set_default_dtype(dtype)
+        if variable is None:
+            os.environ.pop(_MACE_ENV_VARIABLE, None)
+        else:
+            os.environ[_MACE_ENV_VARIABLE] = variable
+
+
+def import_mace() -> Any:
+    """``import mace`` with its import-time side effects contained."""
+    with contained():
+        import mace.modules
+
+        return mace.modules
+
+
+def content_hash(model: torch.nn.Module) -> str:
+    """SHA-256 over the model's class, parameter and buffer names, dtypes, shapes and values.
+
+    Unlike the file's hash it identifies the weights whatever the pickle around them, so a
+    template built from a seed and a model moved between devices keep their identity.
+    """
+    digest = hashlib.sha256(type(model).__qualname__.encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        values = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{values.dtype}|{tuple(values.shape)}|".encode())
+        digest.update(values.view(torch.uint8).numpy().tobytes() if values.numel() else b"")
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What a loaded model is: enough to plan a run and to record it."""
+
+    model_type: str
+    dtype: str
+    heads: tuple[str, ...]
+    r_max: float
+    atomic_numbers: tuple[int, ...]
+    num_interactions: int
+    content_hash: str
+
+
+def check_is_mace(model: object) -> None:
+    """Raise NotAMaceModelError unless ``model`` has what a mace-torch model has."""
+    needed = ("r_max", "atomic_numbers", "interactions")
+    missing = [name for name in needed if not hasattr(model, name)]
+    if not isinstance(model, torch.nn.Module) or missing:
+        lacks = f" (it lacks {', '.join(missing)})" if missing else ""
+        raise NotAMaceModelError(f"a {type(model).__name__} is not a MACE model{lacks}")
+
+
+def describe(model: torch.nn.Module) -> ModelDescription:
+    """Read the facts FastMACE needs from a mace-torch model; NotAMaceModelError otherwise."""
+    check_is_mace(model)
+    parameter = next(model.parameters(), None)
+    dtype = str(parameter.dtype).removeprefix("torch.") if parameter is not None else "unknown"
+    heads = tuple(getattr(model, "heads", None) or ("Default",))
+    return ModelDescription(
+        model_type=type(model).__name__,
+        dtype=dtype,
+        heads=heads,
+        r_max=float(model.r_max),
+        atomic_numbers=tuple(int(z) for z in model.atomic_numbers),
+        num_interactions=len(model.interactions),
+        content_hash=content_hash(model),
+    )
+
+
+def load_checkpoint(path: Path) -> torch.nn.Module:
+    """Unpickle a checkpoint whose hash was verified (or that the user trusts), on the CPU.
+
+    Raises NotAMaceModelError when the file holds something else.
+    """
+    import_mace()  # the pickle refers to mace-torch's classes
+    with contained():
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as error:  # pickle, zip and torch errors alike mean "not a checkpoint"
+            raise NotAMaceModelError(
+                f"{path} is not a loadable PyTorch checkpoint ({type(error).__name__}: {error})"
+            ) from error
+    if not isinstance(loaded, torch.nn.Module):
+        raise NotAMaceModelError(
+            f"{path} holds a {type(loaded).__name__}, not a MACE model; MACE checkpoints are "
+            "whole models saved with torch.save(model, path)"
+        )
+    try:
+        check_is_mace(loaded)
+    except NotAMaceModelError as error:
+        raise NotAMaceModelError(f"{path}: {error}") from error
+    return loaded.eval()
