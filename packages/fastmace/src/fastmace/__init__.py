@@ -14,6 +14,21 @@ from fastmace.runtime.cache import CacheLocationError  # noqa: E402
 from fastmace.runtime.environment import EnvironmentVariableError  # noqa: E402
 from fastmace.runtime.startup import RuntimeInfo  # noqa: E402
 
+# The public API that needs torch is imported on first use, so `import fastmace` stays light.
+_LAZY = {
+    "load": ("fastmace.models.load", "load"),
+    "LoadedModel": ("fastmace.models.load", "LoadedModel"),
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from importlib import import_module
+
+        module, attribute = _LAZY[name]
+        return getattr(import_module(module), attribute)
+    raise AttributeError(f"module 'fastmace' has no attribute {name!r}")
+
 
 def runtime_info() -> RuntimeInfo:
     """What ``import fastmace`` decided for this process: file locks and the CUDA driver cache."""
@@ -23,7 +38,9 @@ def runtime_info() -> RuntimeInfo:
 __all__ = [
     "CacheLocationError",
     "EnvironmentVariableError",
+    "LoadedModel",
     "RuntimeInfo",
     "__version__",
+    "load",
     "runtime_info",
 ]

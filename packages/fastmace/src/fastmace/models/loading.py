@@ -58,7 +58,7 @@ def content_hash(model: torch.nn.Module) -> str:
     """
     digest = hashlib.sha256(type(model).__qualname__.encode())
     for name, tensor in sorted(model.state_dict().items()):
-        values = tensor.detach().to("cpu").contiguous()
+        values = tensor.detach().to("cpu").contiguous().reshape(-1)
         digest.update(f"{name}|{values.dtype}|{tuple(values.shape)}|".encode())
         digest.update(values.view(torch.uint8).numpy().tobytes() if values.numel() else b"")
     return digest.hexdigest()

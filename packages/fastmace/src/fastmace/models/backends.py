@@ -1,0 +1,180 @@
+"""Backend conversion: an e3nn MACE model in, the same model on faster kernels out, checked.
+
+The conversions are mace-torch 0.3.16's own (``mace.cli.convert_e3nn_*``), applied to a copy of
+the model; nothing in mace-torch is patched. Every converted model is compared with the e3nn
+model on a small structure right after conversion (:func:`check_conversion`).
+
+Backends: ``e3nn`` (mace-torch's reference kernels), ``cueq`` (cuEquivariance; on the CPU its
+PyTorch fallback), ``oeq`` (OpenEquivariance; CUDA only) and ``hybrid`` (OpenEquivariance's
+fused convolution with cuEquivariance for the rest; CUDA only).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from importlib import util as importlib_util
+
+import numpy as np
+import torch
+
+from fastmace.models.loading import contained, import_mace
+from fastmace.models.reference import check_structure, evaluate
+
+BACKENDS = ("e3nn", "cueq", "oeq", "hybrid")
+
+
+class BackendUnavailableError(RuntimeError):
+    """The asked-for backend cannot run here; the message says why and what to install."""
+
+
+class ConversionCheckError(RuntimeError):
+    """A converted model disagrees with the e3nn model beyond rounding."""
+
+
+@dataclass(frozen=True)
+class Availability:
+    backend: str
+    available: bool
+    reason: str
+
+
+def _installed(module: str) -> bool:
+    return importlib_util.find_spec(module) is not None
+
+
+def availability(backend: str, device: str) -> Availability:
+    """Whether ``backend`` can run on ``device`` ("cpu" or "cuda"), and why, without trying."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; the backends are: {', '.join(BACKENDS)}")
+    cuda = device.startswith("cuda")
+    if backend == "e3nn":
+        return Availability(backend, True, "mace-torch's reference kernels run everywhere")
+    if not _installed("cuequivariance_torch") and backend in ("cueq", "hybrid"):
+        return Availability(backend, False, "cuequivariance-torch is not installed")
+    if backend == "cueq":
+        if not cuda:
+            return Availability(backend, True, "cuEquivariance's PyTorch fallback (CPU)")
+        if not _installed("cuequivariance_ops_torch"):
+            return Availability(
+                backend, False, "cuequivariance-ops-torch (the CUDA kernels) is not installed"
+            )
+        return Availability(backend, True, "cuEquivariance with its CUDA kernels")
+    # oeq and hybrid
+    if not cuda:
+        return Availability(backend, False, "OpenEquivariance's kernels run on CUDA GPUs only")
+    if not _installed("openequivariance"):
+        return Availability(
+            backend, False, "openequivariance is not installed (pip install 'fastmace[oeq]')"
+        )
+    if backend == "hybrid" and not _installed("cuequivariance_ops_torch"):
+        return Availability(
+            backend, False, "cuequivariance-ops-torch (the CUDA kernels) is not installed"
+        )
+    return Availability(backend, True, "OpenEquivariance installed and a CUDA device")
+
+
+def convert(
+    model: torch.nn.Module, backend: str, device: str = "cpu", dtype: torch.dtype | None = None
+) -> torch.nn.Module:
+    """A copy of the e3nn ``model`` on ``backend``, ``device`` and ``dtype`` (default: the model's).
+
+    The input model is not changed. Raises BackendUnavailableError with the reason.
+    """
+    found = availability(backend, device)
+    if not found.available:
+        raise BackendUnavailableError(f"the {backend} backend is unavailable: {found.reason}")
+    dtype = next(model.parameters()).dtype if dtype is None else dtype
+    source = copy.deepcopy(model).to(device=device, dtype=dtype)
+    if backend == "e3nn":
+        return source.eval()
+    import_mace()
+    with contained():
+        if backend == "cueq":
+            from mace.cli.convert_e3nn_cueq import run
+        elif backend == "oeq":
+            from mace.cli.convert_e3nn_oeq import run
+        else:
+            from mace.cli.convert_e3nn_hybrid import run
+        converted = run(source, device=device, return_model=True)
+    return converted.to(device=device, dtype=dtype).eval()
+
+
+@dataclass(frozen=True)
+class ConversionCheck:
+    """How far a converted model is from the e3nn model on the check structure."""
+
+    backend: str
+    dtype: str
+    energy_error_ev: float
+    energy_tolerance_ev: float
+    force_error_ev_per_a: float
+    force_tolerance_ev_per_a: float
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.energy_error_ev <= self.energy_tolerance_ev
+            and self.force_error_ev_per_a <= self.force_tolerance_ev_per_a
+        )
+
+
+def rounding_tolerances(
+    dtype: torch.dtype, energy: float, forces: np.ndarray, num_atoms: int
+) -> tuple[float, float]:
+    """The energy and force tolerance for two implementations of one model in ``dtype``.
+
+    Two correct kernels sum the same terms in different orders, so their results differ by
+    rounding: about machine epsilon times the size of the terms, times the square root of
+    their number (a few hundred per atom for MACE). We allow 100 epsilon relative to the
+    result, and never less than 100 epsilon times 1 eV per atom (energy) or 1 eV/Å (forces),
+    so that results near zero are not held to an impossible bound. In float32 that is about
+    1e-5 relative; in float64 about 2e-14.
+    """
+    eps = torch.finfo(dtype).eps
+    energy_tolerance = 100 * eps * max(abs(energy), float(num_atoms))
+    force_tolerance = 100 * eps * max(float(np.abs(forces).max()), 1.0)
+    return energy_tolerance, force_tolerance
+
+
+def check_conversion(
+    reference: torch.nn.Module,
+    converted: torch.nn.Module,
+    backend: str,
+    head: str | None = None,
+) -> ConversionCheck:
+    """Compare ``converted`` with the e3nn ``reference`` (same dtype) on a small structure."""
+    dtype = next(converted.parameters()).dtype
+    device = next(converted.parameters()).device
+    atoms = check_structure(tuple(int(z) for z in reference.atomic_numbers))
+    expected = evaluate(copy.deepcopy(reference).to(device=device, dtype=dtype), atoms, head)
+    actual = evaluate(converted, atoms, head)
+    energy_tol, force_tol = rounding_tolerances(dtype, expected.energy, expected.forces, len(atoms))
+    return ConversionCheck(
+        backend=backend,
+        dtype=str(dtype).removeprefix("torch."),
+        energy_error_ev=abs(actual.energy - expected.energy),
+        energy_tolerance_ev=energy_tol,
+        force_error_ev_per_a=float(np.abs(actual.forces - expected.forces).max()),
+        force_tolerance_ev_per_a=force_tol,
+    )
+
+
+def convert_checked(
+    model: torch.nn.Module,
+    backend: str,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    head: str | None = None,
+) -> tuple[torch.nn.Module, ConversionCheck]:
+    """:func:`convert`, then :func:`check_conversion`; ConversionCheckError if it disagrees."""
+    converted = convert(model, backend, device, dtype)
+    check = check_conversion(model, converted, backend, head)
+    if not check.passed:
+        raise ConversionCheckError(
+            f"the {backend} model disagrees with the e3nn model beyond {check.dtype} rounding: "
+            f"energy off by {check.energy_error_ev:.3g} eV (tolerance "
+            f"{check.energy_tolerance_ev:.3g}), forces by {check.force_error_ev_per_a:.3g} eV/Å "
+            f"(tolerance {check.force_tolerance_ev_per_a:.3g})"
+        )
+    return converted, check

@@ -1,0 +1,194 @@
+"""``fm.load``: a model name, path or URL in; a verified, described, converted model out."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from fastmace.models import backends
+from fastmace.models.files import ModelFile, locate_label_file, locate_url, verify
+from fastmace.models.label_table import (
+    Checkpoint,
+    UnknownLabelError,
+    find_checkpoint,
+    licence_name,
+    resolve_label,
+)
+from fastmace.models.loading import ModelDescription, describe, load_checkpoint
+from fastmace.models.templates import TEMPLATES, template
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A MACE model ready to run, and everything known about where it came from."""
+
+    module: torch.nn.Module
+    """The model on its backend, device and dtype."""
+    reference: torch.nn.Module
+    """mace-torch's e3nn model with the same weights, on the CPU, in the checkpoint's dtype."""
+    name: str
+    head: str
+    head_functional: str | None
+    description: ModelDescription
+    """Facts of the checkpoint's e3nn model (its dtype, heads, r_max, species, hash)."""
+    backend: str
+    backend_reason: str
+    device: str
+    dtype: str
+    checkpoint: Checkpoint | None
+    file: ModelFile | None
+    licence: str
+    conversion_check: backends.ConversionCheck | None
+
+    def summary(self) -> str:
+        """One line for logs and reports."""
+        source = f", {self.file.path}" if self.file else ""
+        return (
+            f"{self.name} (head {self.head}{source}): {self.backend} on {self.device}, "
+            f"{self.dtype}; licence {self.licence}"
+        )
+
+
+def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported: use 'float32' or 'float64'")
+    return _DTYPES[dtype]
+
+
+def _choose_backend(backend: str, device: str) -> tuple[str, str]:
+    if backend != "auto":
+        found = backends.availability(backend, device)
+        if not found.available:
+            raise backends.BackendUnavailableError(
+                f"the {backend} backend is unavailable: {found.reason}"
+            )
+        return backend, f"asked for ({found.reason})"
+    if not device.startswith("cuda"):
+        return "e3nn", "auto on the CPU: e3nn is the fastest CPU backend"
+    skipped = []
+    for candidate in ("hybrid", "cueq", "e3nn"):
+        found = backends.availability(candidate, device)
+        if found.available:
+            passed = "; ".join(skipped)
+            return candidate, f"auto: the fastest available{f' ({passed})' if passed else ''}"
+        skipped.append(f"{candidate} unavailable: {found.reason}")
+    raise AssertionError("e3nn is always available")
+
+
+def _is_url(text: str) -> bool:
+    return text.startswith(("https://", "http://"))
+
+
+def load(
+    model: str | os.PathLike[str],
+    *,
+    head: str | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    download: bool = False,
+    sha256: str | None = None,
+    trusted: bool = False,
+    backend: str = "auto",
+    device: str = "cpu",
+    dtype: str | torch.dtype | None = None,
+    seed: int = 0,
+    progress: TextIO | None = None,
+) -> LoadedModel:
+    """Find, verify, load and convert a MACE model.
+
+    ``model`` is a label of the table (``"mh-1"``, ``"mh-1:omat_pbe"``, ``"demo-emt-cu"``), a
+    template (``"template:mp0-medium"``, random weights from ``seed``), a path, or an https URL.
+    A label's file is looked for at ``checkpoint=``, in ``$FASTMACE_MODELS``, in the cache and,
+    only with ``download=True``, at its official URL; its SHA-256 must match the table. A
+    path or URL needs ``sha256=`` or ``trusted=True``, because loading a checkpoint runs code
+    from it. ``backend`` is ``"auto"``, ``"e3nn"``, ``"cueq"``, ``"oeq"`` or ``"hybrid"``;
+    every converted model is checked against the e3nn model. ``dtype`` defaults to the
+    checkpoint's. Nothing process-wide is changed (default dtype, environment, warnings).
+    """
+    want_dtype = _parse_dtype(dtype)
+    chosen, reason = _choose_backend(backend, device)
+    text = os.fspath(model)
+    checkpoint_entry: Checkpoint | None = None
+    file: ModelFile | None = None
+    if text.startswith("template:"):
+        template_name = text.removeprefix("template:")
+        if template_name not in TEMPLATES:
+            raise UnknownLabelError(
+                f"unknown template {template_name!r}; the templates are: {', '.join(TEMPLATES)}"
+            )
+        reference = template(template_name, seed=seed)
+        name, licence = f"{text} (seed {seed})", "none (random weights)"
+        functional = None
+    elif _is_url(text):
+        file = locate_url(text, sha256, trusted, progress=progress)
+        reference = load_checkpoint(file.path)
+        name, licence, functional = text, "unknown (your file)", None
+    elif find_checkpoint(text.partition(":")[0]) is not None:
+        checkpoint_entry, table_head = resolve_label(text)
+        if head is not None:
+            table_head = checkpoint_entry.head(head)
+        explicit = Path(checkpoint) if checkpoint is not None else None
+        file = locate_label_file(checkpoint_entry, explicit, download, trusted, progress=progress)
+        reference = load_checkpoint(file.path)
+        name, licence = checkpoint_entry.id, licence_name(checkpoint_entry.licence)
+        head, functional = table_head.name, table_head.functional
+    else:
+        path = Path(text).expanduser()
+        if not path.exists():
+            resolve_label(text)  # raises UnknownLabelError with suggestions
+        file = verify(path, sha256, "path", trusted)
+        reference = load_checkpoint(file.path)
+        name, licence, functional = str(path), "unknown (your file)", None
+    description = describe(reference)
+    head = _resolve_head(head, description)
+    converted, check = _convert(reference, chosen, device, want_dtype, head)
+    return LoadedModel(
+        module=converted,
+        reference=reference,
+        name=name,
+        head=head,
+        head_functional=functional,
+        description=description,
+        backend=chosen,
+        backend_reason=reason,
+        device=device,
+        dtype=str(next(converted.parameters()).dtype).removeprefix("torch."),
+        checkpoint=checkpoint_entry,
+        file=file,
+        licence=licence,
+        conversion_check=check,
+    )
+
+
+def _resolve_head(head: str | None, description: ModelDescription) -> str:
+    if head is None:
+        if len(description.heads) == 1:
+            return description.heads[0]
+        raise UnknownLabelError(
+            f"the model has {len(description.heads)} heads ({', '.join(description.heads)}): "
+            "choose one with head="
+        )
+    if head not in description.heads:
+        raise UnknownLabelError(
+            f"the model has no head {head!r}; its heads are: {', '.join(description.heads)}"
+        )
+    return head
+
+
+def _convert(
+    reference: torch.nn.Module,
+    backend: str,
+    device: str,
+    dtype: torch.dtype | None,
+    head: str,
+) -> tuple[torch.nn.Module, backends.ConversionCheck | None]:
+    if backend == "e3nn":
+        return backends.convert(reference, "e3nn", device, dtype), None
+    return backends.convert_checked(reference, backend, device, dtype, head)
