@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fastmace import runtime_info
-from fastmace.models.files import sha256_of
-from fastmace.models.label_table import checkpoint_for_file
+from fastmace.models.files import model_directories, scan_model_files
 from fastmace.oeq import toolchain
 from fastmace.runtime import environment
 from fastmace.runtime.cache import CacheLocationError, check_cache_root, locate_cache_root
@@ -299,38 +298,28 @@ def check_file_locks(ctx: DoctorContext) -> str:
 
 
 def check_model_files(ctx: DoctorContext) -> str:
-    directories = [environment.models_directory(ctx.environ)]
-    directories.append(locate_cache_root(environ=ctx.environ).path / "models")
-    verified, unknown, skipped, bad = [], [], [], []
-    for directory in filter(None, directories):
-        if not directory.exists():
-            continue
-        for path in sorted(directory.iterdir()):
-            if not path.is_file() or path.name.endswith(".part"):
-                continue
-            checkpoint = checkpoint_for_file(path.name)
-            if checkpoint is None:
-                unknown.append(str(path))
-            elif path.stat().st_size == 0:
-                skipped.append(f"{path} (empty, skipped)")
-            elif not ctx.hash_models or sha256_of(path) == checkpoint.sha256:
-                verified.append(checkpoint.id)
-            else:
-                bad.append((path, checkpoint.id))
+    statuses = scan_model_files(ctx.environ, hash_files=ctx.hash_models)
+    bad = [status for status in statuses if status.state == "mismatch"]
     if bad:
-        fixes = "; ".join(
-            f"{path} does not match its SHA-256: delete it and fetch it again with "
-            f"fm.load({label!r}, download=True)"
-            for path, label in bad
+        raise CheckFailed(
+            "; ".join(
+                f"{status.path} does not match its SHA-256: delete it and fetch it again with "
+                f"fm.load({status.checkpoint_id!r}, download=True)"
+                for status in bad
+            )
         )
-        raise CheckFailed(fixes)
-    searched = " and ".join(str(d) for d in directories if d is not None)
-    if not (verified or skipped or unknown):
+    if not statuses:
+        searched = " and ".join(str(d) for d in model_directories(ctx.environ))
         return f"no checkpoint files in {searched}"
-    parts = [f"{len(verified)} checkpoint(s) verified" if ctx.hash_models else
-             f"{len(verified)} checkpoint(s) found, hashes not checked (--no-hash)"]  # fmt: skip
-    if verified:
-        parts[0] += f": {', '.join(verified)}"
+    good = [s.checkpoint_id for s in statuses if s.state in ("verified", "unchecked")]
+    if ctx.hash_models:
+        parts = [f"{len(good)} checkpoint(s) verified"]
+    else:
+        parts = [f"{len(good)} checkpoint(s) found, hashes not checked (--no-hash)"]
+    if good:
+        parts[0] += f": {', '.join(str(label) for label in good)}"
+    skipped = [f"{s.path} (empty, skipped)" for s in statuses if s.state == "empty"]
+    unknown = [str(s.path) for s in statuses if s.state == "unknown"]
     if skipped:
         parts.append(", ".join(skipped))
     if unknown:

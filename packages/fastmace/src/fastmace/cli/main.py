@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-hash", action="store_true", help="skip the SHA-256 of the model files"
     )
     doctor.set_defaults(handler=_doctor)
+
+    from fastmace.cli import models
+
+    models.add_parser(commands)
     return parser
 
 

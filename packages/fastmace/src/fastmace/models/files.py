@@ -203,3 +203,46 @@ def download_file(
         raise ModelFileError(f"cannot download {url}: {error}") from error
     finally:
         part.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    """One file found in a model directory, and what we know of it."""
+
+    path: Path
+    checkpoint_id: str | None
+    state: str
+    """``verified``, ``mismatch``, ``unchecked`` (no hashing), ``empty`` or ``unknown``."""
+
+
+def model_directories(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """The directories searched for checkpoint files: $FASTMACE_MODELS, <cache root>/models."""
+    directories = [environment.models_directory(environ)]
+    directories.append(locate_cache_root(environ=environ).path / "models")
+    return [directory for directory in directories if directory is not None]
+
+
+def scan_model_files(
+    environ: Mapping[str, str] | None = None, hash_files: bool = True
+) -> list[FileStatus]:
+    """Every file in the model directories, checked against the label table. Changes nothing."""
+    from fastmace.models.label_table import checkpoint_for_file
+
+    found = []
+    for directory in model_directories(environ):
+        if not directory.exists():
+            continue
+        for path in sorted(directory.iterdir()):
+            if not path.is_file() or path.name.endswith(".part"):
+                continue
+            checkpoint = checkpoint_for_file(path.name)
+            if checkpoint is None:
+                state = "unknown"
+            elif path.stat().st_size == 0:
+                state = "empty"
+            elif not hash_files:
+                state = "unchecked"
+            else:
+                state = "verified" if sha256_of(path) == checkpoint.sha256 else "mismatch"
+            found.append(FileStatus(path, checkpoint.id if checkpoint else None, state))
+    return found
