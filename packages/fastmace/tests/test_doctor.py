@@ -94,7 +94,9 @@ def test_doctor_changes_nothing_and_imports_no_kernel_package(doctor_env, tmp_pa
         "the test needs openequivariance installed (nox -s tests installs it)"
     )
     # Make the OEq check walk real directories: an old build directory with no lock.
-    (tmp_path / "home" / ".cache" / "torch_extensions" / "py311_cu130").mkdir(parents=True)
+    extensions = tmp_path / "home" / ".cache" / "torch_extensions"
+    (extensions / "py311_cu130").mkdir(parents=True)
+    doctor_env["TORCH_EXTENSIONS_DIR"] = str(extensions)
     code = (
         "import io, json, sys, fastmace\n"
         "from fastmace.doctor import run_doctor\n"

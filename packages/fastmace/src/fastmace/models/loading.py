@@ -1,9 +1,10 @@
 """Loading a MACE checkpoint without side effects on the process, and describing it.
 
-mace-torch sets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` when it is imported and its converters
-call ``torch.set_default_dtype``; both would change how the user's own code behaves. Every call
-into mace-torch from FastMACE runs inside :func:`contained`, which puts the default dtype, that
-variable and the warning filters back as they were.
+mace-torch sets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` when it is imported, its converters call
+``torch.set_default_dtype``, and the libraries below it write variables such as
+``TORCHINDUCTOR_CACHE_DIR``; all of that would change how the user's own code behaves. Every
+call into mace-torch from FastMACE runs inside :func:`contained`, which puts the default
+dtype, the environment and the warning filters back as they were.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from typing import Any
 
 import torch
 
-_MACE_ENV_VARIABLE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
-
 
 class NotAMaceModelError(ValueError):
     """A file that loads but does not hold a MACE model."""
@@ -28,18 +27,20 @@ class NotAMaceModelError(ValueError):
 
 @contextlib.contextmanager
 def contained() -> Iterator[None]:
-    """Undo what mace-torch does to process-wide state: default dtype, one variable, warnings."""
+    """Undo what mace-torch and its libraries do to the process: default dtype, environment
+    variables (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` above all), warning filters."""
     dtype = torch.get_default_dtype()
-    variable = os.environ.get(_MACE_ENV_VARIABLE)
+    environ = dict(os.environ)
     try:
         with warnings.catch_warnings():
             yield
     finally:
         torch.set_default_dtype(dtype)
-        if variable is None:
-            os.environ.pop(_MACE_ENV_VARIABLE, None)
-        else:
-            os.environ[_MACE_ENV_VARIABLE] = variable
+        for name in set(os.environ) - set(environ):
+            del os.environ[name]
+        for name, value in environ.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
 
 
 def import_mace() -> Any:
