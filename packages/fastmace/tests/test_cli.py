@@ -35,3 +35,31 @@ def test_bad_lock_setting_at_the_command_line(clean_env):
     result = run_fastmace(["doctor"], clean_env)
     assert result.returncode != 0
     assert "FASTMACE_SOFT_FILE_LOCKS='on' is not allowed" in result.stderr
+
+
+def test_models_list_shows_labels_heads_and_licences(clean_env):
+    result = run_fastmace(["models", "list"], clean_env)
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    mh1 = next(line for line in lines if line.startswith("mh-1 "))
+    assert "omat_pbe, mp_pbe_refit_add" in mh1 and "ASL" in mh1
+    demo = next(line for line in lines if line.startswith("demo-emt-cu "))
+    assert demo.endswith("shipped")
+    assert "ASL = Academic Software License (non-commercial use only)" in result.stdout
+
+
+def test_models_verify_flags_a_damaged_file(clean_env, tmp_path):
+    models = tmp_path / "cache" / "models"
+    models.mkdir(parents=True)
+    (models / "mace-mh-1.model").write_bytes(b"truncated")
+    clean_env["FASTMACE_CACHE"] = str(tmp_path / "cache")
+    result = run_fastmace(["models", "verify"], clean_env)
+    assert result.returncode == 1
+    assert f"{models / 'mace-mh-1.model'} (mh-1): SHA-256 MISMATCH" in result.stdout
+    assert (models / "mace-mh-1.model").exists()
+
+
+def test_models_fetch_unknown_label(clean_env):
+    result = run_fastmace(["models", "fetch", "mh-7"], clean_env)
+    assert result.returncode == 1
+    assert "unknown model label 'mh-7'" in result.stderr
