@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -264,3 +265,57 @@ def test_the_checkout_is_the_installed_fastmace():
     # The index serves an unrelated project under our name; the tests must run against ours.
     repo = Path(__file__).resolve().parents[3]
     assert Path(fastmace.__file__).resolve().is_relative_to(repo / "packages" / "fastmace")
+
+
+def _install_prebuilt(site: Path, torch_version: str) -> Path:
+    """Lay out an installed fastmace-oeq-ext (package files and metadata) under ``site``."""
+    package = site / "fastmace_oeq_ext"
+    package.mkdir(parents=True)
+    library = package / "libtorch_tp_jit.so"
+    library.write_bytes(b"stands in for the compiled library")
+    manifest = {
+        "torch": torch_version, "cuda": "13.0", "openequivariance": "0.7.0",
+        "pybind11": "3.1.0", "python_tag": f"cp{sys.version_info[0]}{sys.version_info[1]}",
+        "platform_tag": "manylinux_2_28_x86_64", "library": library.name,
+        "sha256": hashlib.sha256(library.read_bytes()).hexdigest(),
+        "compiler": "g++ 12.2.0", "glibc_max": "2.34",
+    }  # fmt: skip
+    (package / "manifest.json").write_text(json.dumps(manifest))
+    info = site / "fastmace_oeq_ext-0.7.0.post1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: fastmace-oeq-ext\nVersion: 0.7.0.post1\n"
+    )
+    return library
+
+
+def test_prebuilt_extension_needs_no_compiler(doctor_env, tmp_path):
+    from fastmace.oeq.prebuilt import torch_full_version
+
+    library = _install_prebuilt(tmp_path / "site", torch_full_version())
+    doctor_env["PYTHONPATH"] = str(tmp_path / "site")
+    doctor_env["FASTMACE_OEQ_PREBUILT"] = "1"
+    line = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["OpenEquivariance"]
+    assert line == (
+        "[ok] openequivariance 0.7.0; host extension: prebuilt (fastmace-oeq-ext 0.7.0.post1, "
+        f"{library}); no compiler needed"
+    )
+
+
+def test_mismatched_prebuilt_extension_is_explained(doctor_env, tmp_path):
+    _install_prebuilt(tmp_path / "site", "2.0.0+cu999")
+    doctor_env["PYTHONPATH"] = str(tmp_path / "site")
+    line = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["OpenEquivariance"]
+    assert "not used" in line and "it was built for torch 2.0.0+cu999, but torch " in line
+    doctor_env["FASTMACE_OEQ_PREBUILT"] = "1"
+    refused = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["OpenEquivariance"]
+    assert refused.startswith("[warn]")
+    assert "FASTMACE_OEQ_PREBUILT=1 refuses the toolchain build" in refused
+    assert "built for torch 2.0.0+cu999" in refused
+
+
+def test_bad_prebuilt_setting_is_a_failure_not_a_crash(doctor_env):
+    doctor_env["FASTMACE_OEQ_PREBUILT"] = "yes"
+    line = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["OpenEquivariance"]
+    assert line.startswith("[warn] FASTMACE_OEQ_PREBUILT='yes' is not allowed")
+    assert "crashed" not in line

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 from fastmace import runtime_info
 from fastmace.models.files import model_directories, scan_model_files
 from fastmace.oeq import toolchain
+from fastmace.oeq.prebuilt import prebuilt_extension
 from fastmace.runtime import environment
 from fastmace.runtime.cache import CacheLocationError, check_cache_root, locate_cache_root
 from fastmace.runtime.mounts import Mount, nfs_mount_of, read_mount_table
@@ -192,6 +193,25 @@ def check_openequivariance(ctx: DoctorContext) -> str:
             f"{len(stale)} stale build lock(s), older than an hour and held by no process, "
             f"would stall a build; remove them with: {removal_command(stale)}"
         )
+    setting = environment.oeq_prebuilt(ctx.environ)
+    prebuilt = prebuilt_extension() if setting is not False else None
+    if prebuilt is not None and prebuilt.extension is not None:
+        extension = prebuilt.extension
+        line = (
+            f"openequivariance {version}; host extension: prebuilt (fastmace-oeq-ext "
+            f"{extension.version}, {extension.library}); no compiler needed"
+        )
+        if problems:
+            raise CheckFailed(f"{line}; but " + "; ".join(problems))
+        return line
+    why_not = "FASTMACE_OEQ_PREBUILT=0" if prebuilt is None else prebuilt.reason
+    if setting is True:
+        problems.append(
+            "FASTMACE_OEQ_PREBUILT=1 refuses the toolchain build and the prebuilt extension "
+            f"cannot be used ({why_not}), so the hybrid backend is unavailable: install the "
+            "fastmace-oeq-ext wheel built for this torch, or unset FASTMACE_OEQ_PREBUILT"
+        )
+        raise CheckFailed(f"openequivariance {version}: " + "; ".join(problems))
     driver, driver_source = toolchain.find_driver_library(ctx.environ)
     needs = (
         ("a C++ compiler", toolchain.find_cxx(ctx.environ), "install g++"),
@@ -214,11 +234,17 @@ def check_openequivariance(ctx: DoctorContext) -> str:
             "cuEquivariance runs); missing: " + "; ".join(missing)
         )
     if problems:
-        raise CheckFailed(f"openequivariance {version}: " + "; ".join(problems))
+        raise CheckFailed(
+            f"openequivariance {version}; prebuilt extension not used ({why_not}): "
+            + "; ".join(problems)
+        )
     extensions = root / "oeq" / "extensions"
     built = extensions.is_dir() and any(extensions.iterdir())
     state = "built before" if built else "not built yet (built once, at the first hybrid load)"
-    return f"openequivariance {version}; host extension: toolchain found, {state}"
+    return (
+        f"openequivariance {version}; host extension: built with the host toolchain, {state}; "
+        f"prebuilt not used: {why_not}"
+    )
 
 
 def _optional_package(distribution: str, fix: str) -> Check:
@@ -384,6 +410,8 @@ def run_check(check: DoctorCheck, ctx: DoctorContext) -> CheckResult:
         return CheckResult(check.name, check.required, True, check.run(ctx))
     except CheckFailed as failure:
         return CheckResult(check.name, check.required, False, str(failure))
+    except environment.EnvironmentVariableError as error:
+        return CheckResult(check.name, check.required, False, f"{error}; correct or unset it")
     except Exception as error:  # a crash must not hide the remaining checks
         detail = (
             f"the check crashed ({type(error).__name__}: {error}); "
