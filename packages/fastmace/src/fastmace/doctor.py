@@ -94,6 +94,8 @@ def _driver_version() -> str | None:
 
 
 def check_gpu(ctx: DoctorContext) -> str:
+    if _version("torch") is None:
+        raise CheckFailed("torch is not installed, so no GPU can be used: install torch first")
     torch = ctx.torch
     driver = _driver_version()
     driver_text = f"driver {driver}" if driver else "no driver found by nvidia-smi"

@@ -85,7 +85,9 @@ def _packaged_path(relative: str) -> Path:
     return Path(str(resources.files("fastmace.models").joinpath(relative)))
 
 
-def _search_places(checkpoint: Checkpoint, environ: Mapping[str, str] | None) -> list[tuple]:
+def _search_places(
+    checkpoint: Checkpoint, environ: Mapping[str, str] | None
+) -> list[tuple[str, Path | None]]:
     places: list[tuple[str, Path | None]] = []
     if checkpoint.packaged:
         places.append(("shipped with fastmace", _packaged_path(checkpoint.packaged)))
