@@ -25,6 +25,7 @@ from typing import TextIO
 from fastmace.models.label_table import Checkpoint
 from fastmace.runtime import environment
 from fastmace.runtime.cache import cache_dir, locate_cache_root
+from fastmace.runtime.digest import sha256_file
 
 _CHUNK = 1 << 20
 
@@ -49,15 +50,11 @@ class ModelFile:
 
 
 def sha256_of(path: Path) -> str:
-    """The SHA-256 of a file, read in chunks (checkpoints reach hundreds of MB)."""
-    digest = hashlib.sha256()
+    """The SHA-256 of a checkpoint file; ModelFileError when it cannot be read."""
     try:
-        with open(path, "rb") as stream:
-            while chunk := stream.read(_CHUNK):
-                digest.update(chunk)
+        return sha256_file(path)
     except OSError as error:
         raise ModelFileError(f"cannot read the checkpoint file {path}: {error}") from error
-    return digest.hexdigest()
 
 
 def verify(path: Path, expected: str | None, source: str, trusted: bool = False) -> ModelFile:

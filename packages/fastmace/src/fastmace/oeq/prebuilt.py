@@ -10,7 +10,6 @@ installed before anything is loaded, reading files only: nothing is imported her
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import platform
 import sys
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from importlib import util as importlib_util
 from pathlib import Path
+
+from fastmace.runtime.digest import sha256_file
 
 PACKAGE = "fastmace_oeq_ext"
 DISTRIBUTION = "fastmace-oeq-ext"
@@ -95,14 +96,6 @@ def _package_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _mismatches(manifest: dict, installed: InstalledVersions) -> list[str]:
     problems = []
     for key, name, have in (
@@ -137,7 +130,7 @@ def prebuilt_extension(installed: InstalledVersions | None = None) -> PrebuiltSt
     library = directory / manifest["library"]
     if not library.is_file():
         return PrebuiltStatus(None, f"its library {library} is missing")
-    actual = _sha256(library)
+    actual = sha256_file(library)
     if actual != manifest["sha256"]:
         return PrebuiltStatus(
             None,
