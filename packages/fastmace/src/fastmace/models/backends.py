@@ -18,7 +18,13 @@ from importlib import util as importlib_util
 import numpy as np
 import torch
 
-from fastmace.models.loading import contained, import_mace
+from fastmace.models.loading import (
+    contained,
+    dtype_name,
+    import_mace,
+    model_device,
+    model_dtype,
+)
 from fastmace.models.reference import check_structure, evaluate
 
 BACKENDS = ("e3nn", "cueq", "oeq", "hybrid")
@@ -84,7 +90,7 @@ def convert(
     found = availability(backend, device)
     if not found.available:
         raise BackendUnavailableError(f"the {backend} backend is unavailable: {found.reason}")
-    dtype = next(model.parameters()).dtype if dtype is None else dtype
+    dtype = model_dtype(model) if dtype is None else dtype
     source = copy.deepcopy(model).to(device=device, dtype=dtype)
     if backend == "e3nn":
         return source.eval()
@@ -147,15 +153,15 @@ def check_conversion(
     head: str | None = None,
 ) -> ConversionCheck:
     """Compare ``converted`` with the e3nn ``reference`` (same dtype) on a small structure."""
-    dtype = next(converted.parameters()).dtype
-    device = next(converted.parameters()).device
+    dtype = model_dtype(converted)
+    device = model_device(converted)
     atoms = check_structure(tuple(int(z) for z in reference.atomic_numbers))
     expected = evaluate(copy.deepcopy(reference).to(device=device, dtype=dtype), atoms, head)
     actual = evaluate(converted, atoms, head)
     energy_tol, force_tol = rounding_tolerances(dtype, expected.energy, expected.forces, len(atoms))
     return ConversionCheck(
         backend=backend,
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=dtype_name(dtype),
         energy_error_ev=abs(actual.energy - expected.energy),
         energy_tolerance_ev=energy_tol,
         force_error_ev_per_a=float(np.abs(actual.forces - expected.forces).max()),

@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
-from fastmace.models.label_table import Checkpoint
+from fastmace.models.label_table import Checkpoint, checkpoint_for_file
 from fastmace.runtime import environment
 from fastmace.runtime.cache import cache_dir, locate_cache_root
 from fastmace.runtime.digest import sha256_file
@@ -225,8 +225,6 @@ def scan_model_files(
     environ: Mapping[str, str] | None = None, hash_files: bool = True
 ) -> list[FileStatus]:
     """Every file in the model directories, checked against the label table. Changes nothing."""
-    from fastmace.models.label_table import checkpoint_for_file
-
     found = []
     for directory in model_directories(environ):
         if not directory.exists():

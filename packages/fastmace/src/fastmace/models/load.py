@@ -18,8 +18,14 @@ from fastmace.models.label_table import (
     licence_name,
     resolve_label,
 )
-from fastmace.models.loading import ModelDescription, describe, load_checkpoint
-from fastmace.models.templates import TEMPLATES, template
+from fastmace.models.loading import (
+    ModelDescription,
+    describe,
+    dtype_name,
+    load_checkpoint,
+    model_dtype,
+)
+from fastmace.models.templates import template
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -118,12 +124,7 @@ def load(
     checkpoint_entry: Checkpoint | None = None
     file: ModelFile | None = None
     if text.startswith("template:"):
-        template_name = text.removeprefix("template:")
-        if template_name not in TEMPLATES:
-            raise UnknownLabelError(
-                f"unknown template {template_name!r}; the templates are: {', '.join(TEMPLATES)}"
-            )
-        reference = template(template_name, seed=seed)
+        reference = template(text.removeprefix("template:"), seed=seed)
         name, licence = f"{text} (seed {seed})", "none (random weights)"
         functional = None
     elif _is_url(text):
@@ -159,7 +160,7 @@ def load(
         backend=chosen,
         backend_reason=reason,
         device=device,
-        dtype=str(next(converted.parameters()).dtype).removeprefix("torch."),
+        dtype=dtype_name(model_dtype(converted)),
         checkpoint=checkpoint_entry,
         file=file,
         licence=licence,

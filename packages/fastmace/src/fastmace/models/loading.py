@@ -78,6 +78,21 @@ class ModelDescription:
     content_hash: str
 
 
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of a model's parameters."""
+    return next(model.parameters()).dtype
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's parameters."""
+    return next(model.parameters()).device
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``, as reports and metadata write it."""
+    return str(dtype).removeprefix("torch.")
+
+
 def check_is_mace(model: object) -> None:
     """Raise NotAMaceModelError unless ``model`` has what a mace-torch model has."""
     needed = ("r_max", "atomic_numbers", "interactions")
@@ -91,7 +106,7 @@ def describe(model: torch.nn.Module) -> ModelDescription:
     """Read the facts FastMACE needs from a mace-torch model; NotAMaceModelError otherwise."""
     check_is_mace(model)
     parameter = next(model.parameters(), None)
-    dtype = str(parameter.dtype).removeprefix("torch.") if parameter is not None else "unknown"
+    dtype = dtype_name(parameter.dtype) if parameter is not None else "unknown"
     heads = tuple(getattr(model, "heads", None) or ("Default",))
     return ModelDescription(
         model_type=type(model).__name__,

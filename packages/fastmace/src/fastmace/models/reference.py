@@ -13,7 +13,7 @@ import ase
 import numpy as np
 import torch
 
-from fastmace.models.loading import contained, import_mace
+from fastmace.models.loading import contained, import_mace, model_device, model_dtype
 
 
 @dataclass(frozen=True)
@@ -23,14 +23,6 @@ class Evaluation:
     energy: float
     forces: np.ndarray
     stress: np.ndarray | None
-
-
-def _model_dtype(model: torch.nn.Module) -> torch.dtype:
-    return next(model.parameters()).dtype
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def evaluate(
@@ -44,7 +36,7 @@ def evaluate(
 
     heads = list(getattr(model, "heads", None) or ["Default"])
     head_name = head or heads[0]
-    dtype = _model_dtype(model)
+    dtype = model_dtype(model)
     with contained():
         torch.set_default_dtype(dtype)  # mace's data pipeline builds tensors in the default dtype
         config = mace_data.config_from_atoms(atoms, head_name=head_name)
@@ -54,7 +46,7 @@ def evaluate(
             cutoff=float(model.r_max),
             heads=heads,
         )
-        batch = torch_geometric.batch.Batch.from_data_list([graph]).to(_model_device(model))
+        batch = torch_geometric.batch.Batch.from_data_list([graph]).to(model_device(model))
         want_stress = stress and bool(atoms.pbc.all())
         output = model(batch.to_dict(), compute_stress=want_stress, training=False)
     forces = output["forces"].detach().to("cpu", torch.float64).numpy()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fastmace.models.label_table import UnknownLabelError
 from fastmace.models.loading import contained, import_mace
 
 _OFF_ELEMENTS = (1, 6, 7, 8, 9, 15, 16, 17, 35, 53)  # H C N O F P S Cl Br I
@@ -74,7 +75,9 @@ def template(
 ) -> torch.nn.Module:
     """A ``ScaleShiftMACE`` with the shapes of ``name`` and random weights drawn from ``seed``."""
     if name not in TEMPLATES:
-        raise ValueError(f"unknown template {name!r}; the templates are: {', '.join(TEMPLATES)}")
+        raise UnknownLabelError(
+            f"unknown template {name!r}; the templates are: {', '.join(TEMPLATES)}"
+        )
     shape = TEMPLATES[name]
     modules = import_mace()
     from e3nn import o3
