@@ -77,6 +77,11 @@ def test_unknown_names():
         fm.load("template:nope")
     with pytest.raises(ValueError, match="dtype='float16'"):
         fm.load("template:tiny", dtype="float16")
+    with pytest.raises(ValueError, match="device='gpu' is not a device"):
+        fm.load("template:tiny", device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch sees no CUDA GPU here"):
+            fm.load("template:tiny", device="cuda")
 
 
 def test_missing_label_file_is_not_downloaded(tmp_path, monkeypatch):

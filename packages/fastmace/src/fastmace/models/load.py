@@ -69,6 +69,20 @@ def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return _DTYPES[dtype]
 
 
+def _check_device(device: str) -> None:
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r} is not a device: use 'cpu' or 'cuda'") from error
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r}, but torch sees no CUDA GPU here (torch CUDA "
+            f"{torch.version.cuda}); use device='cpu', or see `fastmace doctor`"
+        )
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not supported: use 'cpu' or 'cuda'")
+
+
 def _choose_backend(backend: str, device: str) -> tuple[str, str]:
     if backend != "auto":
         found = backends.availability(backend, device)
@@ -119,6 +133,7 @@ def load(
     checkpoint's. Nothing process-wide is changed (default dtype, environment, warnings).
     """
     want_dtype = _parse_dtype(dtype)
+    _check_device(device)
     chosen, reason = _choose_backend(backend, device)
     text = os.fspath(model)
     checkpoint_entry: Checkpoint | None = None
