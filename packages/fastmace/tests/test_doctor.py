@@ -271,6 +271,7 @@ def _install_prebuilt(site: Path, torch_version: str) -> Path:
     """Lay out an installed fastmace-oeq-ext (package files and metadata) under ``site``."""
     package = site / "fastmace_oeq_ext"
     package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")  # a regular package, found before site-packages
     library = package / "libtorch_tp_jit.so"
     library.write_bytes(b"stands in for the compiled library")
     manifest = {

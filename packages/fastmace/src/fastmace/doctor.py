@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from fastmace import runtime_info
 from fastmace.models.files import model_directories, scan_model_files
 from fastmace.oeq import toolchain
-from fastmace.oeq.prebuilt import prebuilt_extension
+from fastmace.oeq.choice import PREBUILT, UNAVAILABLE, choose_host_extension
 from fastmace.runtime import environment
 from fastmace.runtime.cache import CacheLocationError, check_cache_root, locate_cache_root
 from fastmace.runtime.mounts import Mount, nfs_mount_of, read_mount_table
@@ -195,51 +195,26 @@ def check_openequivariance(ctx: DoctorContext) -> str:
             f"{len(stale)} stale build lock(s), older than an hour and held by no process, "
             f"would stall a build; remove them with: {removal_command(stale)}"
         )
-    setting = environment.oeq_prebuilt(ctx.environ)
-    prebuilt = prebuilt_extension() if setting is not False else None
-    if prebuilt is not None and prebuilt.extension is not None:
-        extension = prebuilt.extension
+    found = choose_host_extension(ctx.environ)
+    if found.method == PREBUILT:
+        assert found.prebuilt is not None
         line = (
             f"openequivariance {version}; host extension: prebuilt (fastmace-oeq-ext "
-            f"{extension.version}, {extension.library}); no compiler needed"
+            f"{found.prebuilt.version}, {found.prebuilt.library}); no compiler needed"
         )
         if problems:
             raise CheckFailed(f"{line}; but " + "; ".join(problems))
         return line
-    why_not = "FASTMACE_OEQ_PREBUILT=0" if prebuilt is None else prebuilt.reason
-    if setting is True:
-        problems.append(
-            "FASTMACE_OEQ_PREBUILT=1 refuses the toolchain build and the prebuilt extension "
-            f"cannot be used ({why_not}), so the hybrid backend is unavailable: install the "
-            "fastmace-oeq-ext wheel built for this torch, or unset FASTMACE_OEQ_PREBUILT"
-        )
+    if found.method == UNAVAILABLE:
+        problems.insert(0, f"the hybrid backend is unavailable (plain cuEquivariance runs): "
+                           f"{found.reason}")  # fmt: skip
         raise CheckFailed(f"openequivariance {version}: " + "; ".join(problems))
-    driver, driver_source = toolchain.find_driver_library(ctx.environ)
-    needs = (
-        ("a C++ compiler", toolchain.find_cxx(ctx.environ), "install g++"),
-        ("ninja", toolchain.find_ninja(), "pip install ninja"),
-        (
-            "the CUDA 13 runtime wheel",
-            toolchain.cuda_wheel_library("libcudart"),
-            "pip install 'nvidia-cuda-runtime==13.*'",
-        ),
-        (
-            "libcuda.so.1",
-            driver,
-            f"{driver_source}: install the NVIDIA driver or set OEQ_CUDA_DRIVER_LIBRARY",
-        ),
-    )
-    missing = [f"{name} ({fix})" for name, found, fix in needs if not found]
-    if missing:
-        problems.append(
-            "its host extension cannot be built, so the hybrid backend is unavailable (plain "
-            "cuEquivariance runs); missing: " + "; ".join(missing)
-        )
     if problems:
         raise CheckFailed(
-            f"openequivariance {version}; prebuilt extension not used ({why_not}): "
-            + "; ".join(problems)
+            f"openequivariance {version}; prebuilt extension not used "
+            f"({found.prebuilt_skipped}): " + "; ".join(problems)
         )
+    why_not = found.prebuilt_skipped
     extensions = root / "oeq" / "extensions"
     built = extensions.is_dir() and any(extensions.iterdir())
     state = "built before" if built else "not built yet (built once, at the first hybrid load)"

@@ -77,7 +77,27 @@ def availability(backend: str, device: str) -> Availability:
         return Availability(
             backend, False, "cuequivariance-ops-torch (the CUDA kernels) is not installed"
         )
+    extension = _oeq_host_extension()
+    if extension is not None:
+        return Availability(backend, False, f"OpenEquivariance's host extension: {extension}")
     return Availability(backend, True, "OpenEquivariance installed and a CUDA device")
+
+
+def _oeq_host_extension() -> str | None:
+    """Why OpenEquivariance's host extension is not available here, or None if it is."""
+    from fastmace.oeq import choice, runtime
+
+    done = runtime.record()
+    if done is not None and done.how in (runtime.UNAVAILABLE, runtime.FAILED):
+        return done.reason
+    if done is not None and done.loaded:
+        return None
+    found = choice.choose_host_extension()
+    if not found.usable:
+        return found.reason
+    if found.driver is None:
+        return f"no CUDA driver library (libcuda.so.1): {found.driver_source}"
+    return None
 
 
 def convert(

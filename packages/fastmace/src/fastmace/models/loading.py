@@ -44,8 +44,15 @@ def contained() -> Iterator[None]:
 
 
 def import_mace() -> Any:
-    """``import mace`` with its import-time side effects contained."""
-    with contained():
+    """``import mace`` with its import-time side effects contained.
+
+    mace-torch imports OpenEquivariance, which loads or builds its host extension at import:
+    FastMACE's OEq runtime prepares the process first (prebuilt library, build-once cache,
+    no stale-lock waits). Its variables are set before ``contained`` and so survive it.
+    """
+    from fastmace.oeq.runtime import importing_openequivariance
+
+    with importing_openequivariance(), contained():
         import mace.modules
 
         return mace.modules
