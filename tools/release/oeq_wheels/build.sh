@@ -74,14 +74,14 @@ export CMAKE_BUILD_PARALLEL_LEVEL="${MAX_JOBS:-2}"
 raw_wheel="$(ls "$scratch"/raw/fastmace_oeq_ext-*.whl)"
 
 echo "== auditwheel"
-"$venv/bin/auditwheel" show "$raw_wheel" | tee "$scratch/auditwheel-show.txt"
+"$venv/bin/python" -m auditwheel show "$raw_wheel" | tee "$scratch/auditwheel-show.txt"
 # The most specific manylinux policy the wheel meets, from auditwheel's own verdict.
 policy="$(grep -oE 'manylinux_[0-9]+_[0-9]+_x86_64' "$scratch/auditwheel-show.txt" | head -n1 || true)"
 if [[ -z "$policy" ]]; then
     echo "build.sh: the wheel meets no manylinux policy on this machine" >&2
     exit 1
 fi
-"$venv/bin/auditwheel" repair --plat "$policy" \
+"$venv/bin/python" -m auditwheel repair --plat "$policy" \
     --exclude 'libc10*.so' --exclude 'libtorch*.so' --exclude libcudart.so.13 \
     --exclude libnvrtc.so.13 --exclude libcublas.so.13 --exclude libcuda.so.1 \
     -w "$scratch/repaired" "$raw_wheel"

