@@ -1,4 +1,5 @@
-"""Every routine task of the repository: ``nox -s tests``, ``nox -s lint``, ``nox -s demo``.
+"""Every routine task of the repository: ``nox -s tests``, ``nox -s lint``, ``nox -s demo``,
+``nox -s native_wheel``.
 
 Our two distributions (fastmace, fastmace-oeq-ext) are always installed from this checkout:
 the package index serves an unrelated project under the same names.
@@ -16,7 +17,7 @@ CORE = ROOT / "packages" / "fastmace"
 TORCH = "torch==2.14.1"
 OEQ = "openequivariance==0.7.0"
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "native_wheel"]
 nox.options.default_venv_backend = "venv"
 
 
@@ -69,3 +70,16 @@ def demo(session: nox.Session) -> None:
     # doctor exits 1 where a required part is missing (always on a machine without a GPU,
     # which lacks cuEquivariance's CUDA kernels); the report itself is the demo's output.
     session.run("fastmace", "doctor", success_codes=[0, 1])
+
+
+@nox.session(venv_backend="none")
+def native_wheel(session: nox.Session) -> None:
+    """Build fastmace-oeq-ext locally (cp311, torch 2.14.1), check it, then the clean install.
+
+    Both scripts make their own venvs; the wheel lands in dist/oeq-wheels.
+    """
+    out = ROOT / "dist" / "oeq-wheels"
+    for stale in out.glob("*.whl"):
+        stale.unlink()
+    session.run("bash", str(ROOT / "tools/release/oeq_wheels/build.sh"), "--local", str(out))
+    session.run("bash", str(ROOT / "tools/release/clean_install.sh"), str(out))

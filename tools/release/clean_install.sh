@@ -12,7 +12,7 @@
 # requires the prebuilt extension to be selected (and, on a GPU, loaded) and the sentinel log
 # to be empty. gcc (C) stays on PATH: Triton compiles a C launcher stub, a separate need.
 #
-# CLEAN_INSTALL_OFFLINE=1: no package index (the GPU test machine): the venv sees the system's
+# CLEAN_INSTALL_OFFLINE=1: no package index (the GPU test machine): the venv sees PYTHON's
 # packages and OEQ_SPEC (default openequivariance==0.7.0) may name OEq's source tree.
 set -euo pipefail
 
@@ -38,7 +38,11 @@ core_wheel="$(ls "$wheel_dir"/fastmace-*.whl 2>/dev/null | head -n1 || true)"
 
 echo "== fresh venv ($python, offline=$offline)"
 if [[ "$offline" == 1 ]]; then
-    "$python" -m venv --system-site-packages "$venv"
+    # The venv sees the invoking Python's packages (which may themselves be a venv's).
+    "$python" -m venv "$venv"
+    purelib="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "$python" -c 'import site; print("\n".join(site.getsitepackages()))' \
+        > "$purelib/_outer_environment.pth"
 else
     "$python" -m venv "$venv"
     "$venv/bin/pip" install "${pip_args[@]}" "torch==2.14.1"

@@ -21,7 +21,13 @@ python3 -c 'import torch, sys; print("torch", torch.__version__, "python", sys.v
 ldconfig -p | grep 'libcuda.so.1' || true
 
 echo "== build the wheel against this torch"
-python3 -m venv --system-site-packages /tmp/oeq-build-venv
+outer_venv() {  # a venv that also sees python3's packages (python3 may itself be a venv's)
+    python3 -m venv "$1"
+    "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > /tmp/purelib
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
+        > "$(cat /tmp/purelib)/_outer_environment.pth"
+}
+outer_venv /tmp/oeq-build-venv
 BUILD_VENV=/tmp/oeq-build-venv PYTHON=python3 \
     bash tools/release/oeq_wheels/build.sh --local "$out/wheels" 2>&1 | tee "$out/build.log" \
     | grep -v '^WARNING: Location'
@@ -32,9 +38,11 @@ CLEAN_INSTALL_OFFLINE=1 bash tools/release/clean_install.sh "$out/wheels" python
     | tee "$out/clean_install.log"
 
 echo "== toolchain path: FASTMACE_OEQ_PREBUILT=0"
-python3 -m venv --system-site-packages /tmp/oeq-toolchain-venv
+outer_venv /tmp/oeq-toolchain-venv
 /tmp/oeq-toolchain-venv/bin/pip install -q --no-deps --no-build-isolation "$OEQ_SPEC" \
     -C "cmake.define.FETCHCONTENT_SOURCE_DIR_LIBTORCH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')" \
     -C cmake.define.CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON
 /tmp/oeq-toolchain-venv/bin/pip install -q --no-deps .gpu-core/fastmace-*.whl
-/tmp/oeq-toolchain-venv/bin/python tools/validation/oeq_toolchain_gpu.py 2>&1 | tee "$out/toolchain.log"
+export PATH="/tmp/oeq-toolchain-venv/bin:$PATH"   # its ninja
+(cd /tmp && /tmp/oeq-toolchain-venv/bin/python "$root/tools/validation/oeq_toolchain_gpu.py") 2>&1 \
+    | tee "$out/toolchain.log"

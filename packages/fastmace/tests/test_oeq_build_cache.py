@@ -70,7 +70,8 @@ def test_eight_processes_at_once_publish_one_build(tmp_path):
     # A later process reuses the published build without compiling.
     later = _finish(_start(tmp_path, 99, extensions))
     assert later["outcome"] == build_cache.REUSED and later["answer"] == 42
-    assert not (tmp_path / "private-99").exists()
+    seeded = tmp_path / "private-99" / "fastmace_race_probe"
+    assert [p.name for p in seeded.iterdir()] == ["fastmace_race_probe.so"]  # nothing compiled
 
 
 def test_identity_changes_with_flags_and_sources_not_with_build_directory(tmp_path):

@@ -56,36 +56,35 @@ def test_interception_answers_one_name_and_restores_the_loader():
     assert seen == [(real, ["a.cpp"], {"extra_cflags": ["-O3"]})]
 
 
-def _wheel_dir() -> Path:
-    found = toolchain.nvidia_wheel_lib_dir()
-    if found is None:
+def _prepare(oeq_cache: Path, driver: Path):
+    lib_dir = toolchain.nvidia_wheel_lib_dir()
+    if lib_dir is None:
         pytest.skip("the CUDA 13 wheels are not installed")
-    return found.parent
+    return prepare_cuda_home(oeq_cache, toolchain.cuda_wheel_include_dirs(), lib_dir, driver)
 
 
 def test_stand_in_cuda_home_links_the_wheels_and_driver_and_has_no_nvcc(tmp_path):
     driver = tmp_path / "driver" / "libcuda.so.1"
     driver.parent.mkdir()
     driver.write_bytes(b"")
-    home = prepare_cuda_home(tmp_path / "oeq", _wheel_dir(), driver)
+    home = _prepare(tmp_path / "oeq", driver)
     assert home.root.parent == tmp_path / "oeq" / "cuda-runtime"
     assert (home.include / "cuda_runtime_api.h").is_file()
     assert os.readlink(home.lib / "libcuda.so.1") == str(driver)
     assert (home.lib / "libcudart.so").resolve().name == "libcudart.so.13"
-    links = [p for p in home.root.rglob("*") if p.is_symlink()]
-    files = [p for p in home.root.rglob("*") if p.is_file() and not p.is_symlink()]
-    assert files == [home.nvcc] and len(links) >= 4  # links only, besides the stand-in
+    entries = [p for p in home.root.rglob("*") if not p.is_dir() or p.is_symlink()]
+    assert [p for p in entries if not p.is_symlink()] == [home.nvcc]  # links, and the stand-in
     call = subprocess.run(
         [str(home.nvcc), "--version"], capture_output=True, text=True, env={"PATH": "/bin"}
     )
     assert call.returncode == 1 and "stand-in" in call.stderr
     assert "nvcc --version" in home.attempts_log.read_text()
     # Prepared again: the same directory, untouched; another driver: another stand-in.
-    assert prepare_cuda_home(tmp_path / "oeq", _wheel_dir(), driver) == home
+    assert _prepare(tmp_path / "oeq", driver) == home
     other = tmp_path / "other" / "libcuda.so.1"
     other.parent.mkdir()
     other.write_bytes(b"")
-    assert prepare_cuda_home(tmp_path / "oeq", _wheel_dir(), other).root != home.root
+    assert _prepare(tmp_path / "oeq", other).root != home.root
     assert not list((tmp_path / "oeq" / "cuda-runtime").glob(".staging-*"))
 
 

@@ -1,6 +1,7 @@
 """Build a torch extension once per build identity, into a cache that needs no lock.
 
-A process that finds ``<cache>/oeq/extensions/<key>/<name>.so`` loads it (``reused``).
+A process that finds ``<cache>/oeq/extensions/<key>/<name>.so`` copies it into its private
+directory (the per-process ``TORCH_EXTENSIONS_DIR``) and loads that copy (``reused``).
 Otherwise it builds with torch's own builder in its private directory, copies the library into
 a staging directory beside the cache entry and renames it into place (``built``). When several
 processes build at once, each gets a working library; the first rename wins and the others
@@ -147,10 +148,14 @@ def build_once(
     key = identity_key(identity)
     entry = extensions_dir / key
     cached = entry / f"{name}.so"
-    if cached.is_file():
-        return BuildResult(import_library(name, cached), REUSED, cached, key)
     build_directory = private_dir / name
     build_directory.mkdir(parents=True, exist_ok=True)
+    if cached.is_file():
+        # Seed the private directory with the published build and load the copy, so the
+        # process never depends on the shared cache (which may be on NFS) after this point.
+        seeded = build_directory / cached.name
+        shutil.copy2(cached, seeded)
+        return BuildResult(import_library(name, seeded), REUSED, cached, key)
     module = real_load(name, list(sources), build_directory=str(build_directory), **options)
     outcome = publish(Path(module.__file__), identity, entry)
     return BuildResult(module, outcome, cached, key)

@@ -79,6 +79,11 @@ def choose_host_extension(environ: Mapping[str, str] | None = None) -> HostExten
             "pip install 'nvidia-cuda-runtime==13.*'",
         ),
         (
+            "the CUDA 13 compiler headers",
+            toolchain.cuda_wheel_header("crt/host_config.h"),
+            "pip install 'nvidia-cuda-crt==13.0.*' 'nvidia-cuda-cccl==13.0.*'",
+        ),
+        (
             "libcuda.so.1",
             driver,
             f"{driver_source}: install the NVIDIA driver or set OEQ_CUDA_DRIVER_LIBRARY",

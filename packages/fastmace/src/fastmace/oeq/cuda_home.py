@@ -50,11 +50,18 @@ class CudaHome:
         return self.root / "lib64"
 
 
-def _links(cuda_wheel_dir: Path, driver: Path) -> dict[str, Path]:
-    """Relative path in the stand-in -> what it links to."""
-    links = {"include": cuda_wheel_dir / "include"}
+def _links(include_dirs: list[Path], lib_dir: Path, driver: Path) -> dict[str, Path]:
+    """Relative path in the stand-in -> what it links to.
+
+    The headers may come from several wheels in different site directories (the runtime's,
+    nvidia-cuda-crt's): ``include/`` links each entry, the first directory winning.
+    """
+    links: dict[str, Path] = {}
+    for directory in include_dirs:
+        for entry in sorted(directory.iterdir()):
+            links.setdefault(f"include/{entry.name}", entry)
     for stem in _WHEEL_LIBRARIES:
-        target = cuda_wheel_dir / "lib" / f"{stem}.so.13"
+        target = lib_dir / f"{stem}.so.13"
         if target.exists():
             links[f"lib64/{stem}.so"] = target
             links[f"lib64/{stem}.so.13"] = target
@@ -75,9 +82,11 @@ def _is_complete(root: Path, links: dict[str, Path]) -> bool:
     )
 
 
-def prepare_cuda_home(oeq_cache: Path, cuda_wheel_dir: Path, driver: Path) -> CudaHome:
+def prepare_cuda_home(
+    oeq_cache: Path, include_dirs: list[Path], lib_dir: Path, driver: Path
+) -> CudaHome:
     """The stand-in for this environment's CUDA wheels and driver, created if missing."""
-    links = _links(cuda_wheel_dir, driver)
+    links = _links(include_dirs, lib_dir, driver)
     base = oeq_cache / "cuda-runtime"
     root = base / _key(links)
     log = oeq_cache / "nvcc-attempts.log"

@@ -136,9 +136,10 @@ def prepare_in_process() -> OeqExtensionRecord | None:
         method=found.method, prebuilt_skipped=found.prebuilt_skipped, reason=found.reason
     )
     if found.usable and found.driver is not None:
-        wheel_dir = toolchain.nvidia_wheel_lib_dir()
-        if wheel_dir is not None:
-            home = prepare_cuda_home(oeq_cache, wheel_dir.parent, found.driver)
+        lib_dir = toolchain.nvidia_wheel_lib_dir()
+        if lib_dir is not None:
+            includes = toolchain.cuda_wheel_include_dirs()
+            home = prepare_cuda_home(oeq_cache, includes, lib_dir, found.driver)
             _set_build_variables(home, found)
             _record.cuda_home = str(home.root)
     _record.variables = {

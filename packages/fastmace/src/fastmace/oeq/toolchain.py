@@ -20,25 +20,50 @@ _LOADER_DEFAULT_DIRS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib")
 _LDCONFIG_CANDIDATES = ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig")
 
 
-def nvidia_wheel_lib_dir(cuda_major: int = 13) -> Path | None:
-    """``site-packages/nvidia/cu<major>/lib``, where torch's CUDA wheels put their libraries."""
+def nvidia_wheel_lib_dirs(cuda_major: int = 13) -> list[Path]:
+    """Every ``nvidia/cu<major>/lib``: the namespace package may span several site directories
+    (a venv over another environment, header-only wheels installed elsewhere)."""
+    candidates = [Path(location, f"cu{cuda_major}", "lib") for location in _nvidia_locations()]
+    return [candidate for candidate in candidates if candidate.is_dir()]
+
+
+def _nvidia_locations() -> list[str]:
     spec = importlib_util.find_spec("nvidia")  # a namespace package: finding it runs no code
     if spec is None or spec.submodule_search_locations is None:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location, f"cu{cuda_major}", "lib")
-        if candidate.is_dir():
-            return candidate
-    return None
+        return []
+    return list(spec.submodule_search_locations)
 
 
 def cuda_wheel_library(stem: str, cuda_major: int = 13) -> Path | None:
     """A library of torch's CUDA wheels, e.g. ``libcudart`` -> ``.../libcudart.so.13``."""
-    lib_dir = nvidia_wheel_lib_dir(cuda_major)
-    if lib_dir is None:
-        return None
-    candidate = lib_dir / f"{stem}.so.{cuda_major}"
-    return candidate if candidate.exists() else None
+    for lib_dir in nvidia_wheel_lib_dirs(cuda_major):
+        candidate = lib_dir / f"{stem}.so.{cuda_major}"
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def nvidia_wheel_lib_dir(cuda_major: int = 13) -> Path | None:
+    """The ``nvidia/cu<major>/lib`` that holds the CUDA runtime (libcudart)."""
+    runtime = cuda_wheel_library("libcudart", cuda_major)
+    return runtime.parent if runtime is not None else None
+
+
+def cuda_wheel_include_dirs(cuda_major: int = 13) -> list[Path]:
+    """Every ``nvidia/cu<major>/include`` (the runtime's headers, nvidia-cuda-crt's, ...),
+    the runtime's own first so that its copy of a header wins."""
+    found = [Path(location, f"cu{cuda_major}", "include") for location in _nvidia_locations()]
+    runtime = nvidia_wheel_lib_dir(cuda_major)
+    home = runtime.parent if runtime is not None else None
+    return sorted((d for d in found if d.is_dir()), key=lambda d: d.parent != home)
+
+
+def cuda_wheel_header(relative: str, cuda_major: int = 13) -> Path | None:
+    """A header of the CUDA wheels, e.g. ``crt/host_config.h`` (from nvidia-cuda-crt)."""
+    for directory in cuda_wheel_include_dirs(cuda_major):
+        if (directory / relative).is_file():
+            return directory / relative
+    return None
 
 
 def ldconfig_cache(library: str) -> list[Path]:
