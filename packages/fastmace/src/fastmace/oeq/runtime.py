@@ -7,7 +7,9 @@ extension at import. :func:`importing_openequivariance` wraps that import:
 2. point ``TORCH_EXTENSIONS_DIR`` at a fresh per-process directory, so a stale ``lock`` left
    by a killed build elsewhere never stalls the import (OEq waits 300 s for one);
 3. with a driver and a usable method: the stand-in CUDA home (:mod:`fastmace.oeq.cuda_home`)
-   and the build variables of docs/environment.md;
+   and the build variables of docs/environment.md. All these variables are set only while
+   mace-torch is imported (when OEq reads them) and restored afterwards, so loading a model
+   leaves the process environment as it was; they are kept in the record;
 4. answer OEq's ``cpp_extension.load("libtorch_tp_jit", ...)`` with the prebuilt library, the
    build-once cache (:mod:`fastmace.oeq.build_cache`), or a clear error (OEq catches it and
    the hybrid backend is reported unavailable with that reason).
@@ -94,21 +96,38 @@ def _remove_private_dir() -> None:
         shutil.rmtree(_private_dir, ignore_errors=True)
 
 
-def _set_build_variables(home: CudaHome, found: choice.HostExtensionChoice) -> None:
-    why = "OpenEquivariance's host extension: FastMACE's stand-in CUDA home (no nvcc)"
-    for name in ("CUDA_HOME", "CUDA_PATH"):
-        environment.overwrite(name, str(home.root), why)
+def _build_variables(home: CudaHome, found: choice.HostExtensionChoice) -> dict[str, str]:
+    """The variables of docs/environment.md that make OEq build or load without nvcc."""
+    variables = {"CUDA_HOME": str(home.root), "CUDA_PATH": str(home.root)}
     for name in ("CUDACXX", "CMAKE_CUDA_COMPILER", "PYTORCH_NVCC"):
-        environment.overwrite(name, str(home.nvcc), why)
-    path = os.environ.get("PATH", "")
-    environment.overwrite("PATH", f"{home.nvcc.parent}{os.pathsep}{path}", why)
-    cpath = os.environ.get("CPATH")
-    environment.overwrite("CPATH", os.pathsep.join(filter(None, [str(home.include), cpath])), why)
-    environment.overwrite("OEQ_JIT_EXTENSION", "1", "route OEq's loader through libtorch_tp_jit")
-    environment.overwrite("OEQ_NVCC_ATTEMPTS", str(home.attempts_log), "the nvcc stand-in's log")
-    if found.compiler:
-        environment.set_if_unset("CXX", found.compiler, "the compiler of the toolchain build")
-    environment.set_if_unset("MAX_JOBS", str(environment.max_jobs()), "parallel compile jobs")
+        variables[name] = str(home.nvcc)
+    variables["PATH"] = os.pathsep.join(
+        filter(None, [str(home.nvcc.parent), os.environ.get("PATH")])
+    )
+    variables["CPATH"] = os.pathsep.join(filter(None, [str(home.include), os.environ.get("CPATH")]))
+    variables["OEQ_JIT_EXTENSION"] = "1"  # OEq's loader goes through libtorch_tp_jit
+    variables["OEQ_NVCC_ATTEMPTS"] = str(home.attempts_log)
+    if found.compiler and not os.environ.get("CXX"):
+        variables["CXX"] = found.compiler
+    if not os.environ.get("MAX_JOBS"):
+        variables["MAX_JOBS"] = str(environment.max_jobs())
+    return variables
+
+
+@contextlib.contextmanager
+def _variables_set(variables: dict[str, str]) -> Iterator[None]:
+    """Set ``variables`` for the block only: OEq reads them while it is imported, and after
+    that nothing of the user's process should see our stand-in (fm.load changes nothing)."""
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def prepare_in_process() -> OeqExtensionRecord | None:
@@ -127,25 +146,18 @@ def prepare_in_process() -> OeqExtensionRecord | None:
     oeq_cache = cache_root().path / "oeq"  # created only when something is written there
     # OEq creates its build directory under it even to look for a lock: removed at exit.
     atexit.register(_remove_private_dir)
-    environment.overwrite(
-        "TORCH_EXTENSIONS_DIR",
-        str(_private_extensions_dir(oeq_cache)),
-        "a fresh per-process directory: a stale build lock elsewhere cannot stall the import",
-    )
     _record = OeqExtensionRecord(
         method=found.method, prebuilt_skipped=found.prebuilt_skipped, reason=found.reason
     )
+    # A fresh per-process directory: a stale build lock elsewhere cannot stall the import.
+    _record.variables = {"TORCH_EXTENSIONS_DIR": str(_private_extensions_dir(oeq_cache))}
     if found.usable and found.driver is not None:
         lib_dir = toolchain.nvidia_wheel_lib_dir()
         if lib_dir is not None:
             includes = toolchain.cuda_wheel_include_dirs()
             home = prepare_cuda_home(oeq_cache, includes, lib_dir, found.driver)
-            _set_build_variables(home, found)
+            _record.variables.update(_build_variables(home, found))
             _record.cuda_home = str(home.root)
-    _record.variables = {
-        change.name: change.after or "" for change in environment.changes()
-        if change.name in environment.OEQ_BUILD
-    }  # fmt: skip
     return _record
 
 
@@ -204,5 +216,5 @@ def importing_openequivariance() -> Iterator[None]:
     if prepared is None or prepared.how != "not loaded yet" or LOADER_MODULE in sys.modules:
         yield
         return
-    with intercepting_extension_load(_provide):
+    with _variables_set(prepared.variables), intercepting_extension_load(_provide):
         yield

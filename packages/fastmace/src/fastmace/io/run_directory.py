@@ -1,0 +1,309 @@
+"""The run directory: where one MD run keeps its output, and the engine's per-block API to it.
+
+Layout (see docs/output.md)::
+
+    run.json            how this directory writes output (format, systems, schedule); ours
+    trajectory.extxyz   or trajectory.h5md: frames every ``trajectory_every`` steps
+    thermo.csv          one row per system per thermo step
+    restart.npz         the latest restart, replaced atomically
+    metadata.json       what ran, with which software (written by the caller)
+    report.txt          the final report (written by the caller)
+
+A directory with anything in it is never written over: :meth:`RunDirectory.create` refuses it,
+and :meth:`RunDirectory.resume` continues it from its last restart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ase
+import numpy as np
+
+from fastmace.io import trajectory
+from fastmace.io.atomic import atomic_write_text, create_exclusive, remove_temporaries
+from fastmace.io.frames import make_frame
+from fastmace.io.restart import Restart, load_restart, save_restart
+from fastmace.io.schedule import OutputSchedule
+from fastmace.io.thermo import ThermoLog, truncate_thermo
+
+RUN_FORMAT = "fastmace-run"
+RUN_VERSION = 1
+
+
+class RunDirectoryError(RuntimeError):
+    """A run directory cannot be created or resumed as asked."""
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    """The paths of a run directory; :meth:`create` and :meth:`resume` open it for output."""
+
+    path: Path
+
+    @property
+    def settings_path(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def thermo_path(self) -> Path:
+        return self.path / "thermo.csv"
+
+    @property
+    def restart_path(self) -> Path:
+        return self.path / "restart.npz"
+
+    @property
+    def metadata_path(self) -> Path:
+        return self.path / "metadata.json"
+
+    @property
+    def report_path(self) -> Path:
+        return self.path / "report.txt"
+
+    def trajectory_path(self, trajectory_format: str) -> Path:
+        return self.path / trajectory.FILE_NAMES[trajectory_format]
+
+    @classmethod
+    def create(
+        cls,
+        path: str | Path,
+        *,
+        n_atoms: int,
+        n_systems: int = 1,
+        n_steps: int | None = None,
+        schedule: OutputSchedule | None = None,
+        trajectory_format: str = "auto",
+    ) -> RunOutput:
+        """Start a new run in ``path``, which must be absent or empty.
+
+        Args:
+            n_atoms: atoms of all systems together.
+            n_systems: systems in the batch.
+            n_steps: the run's length, for the ``"auto"`` format choice (1000 frames assumed
+                when not given).
+            schedule: output intervals (defaults: :class:`OutputSchedule`).
+            trajectory_format: ``"auto"``, ``"extxyz"``, ``"h5md"`` or ``"none"``.
+        """
+        schedule = OutputSchedule() if schedule is None else schedule
+        if n_systems < 1 or n_atoms < n_systems:
+            raise ValueError(
+                f"need at least one system and one atom per system, got n_systems={n_systems}, "
+                f"n_atoms={n_atoms}"
+            )
+        expected = None if n_steps is None else schedule.expected_frames(n_steps)
+        chosen = trajectory.choose_format(trajectory_format, n_atoms, expected)
+        if schedule.trajectory_every == 0:
+            chosen = "none"
+        directory = cls(Path(path))
+        directory._claim_empty()
+        settings = {
+            "format": RUN_FORMAT,
+            "version": RUN_VERSION,
+            "trajectory_format": chosen,
+            "n_atoms": n_atoms,
+            "n_systems": n_systems,
+            "schedule": schedule.to_dict(),
+        }
+        document = (json.dumps(settings, indent=2) + "\n").encode("utf-8")
+        try:
+            create_exclusive(directory.settings_path, document)
+        except FileExistsError:
+            raise directory._occupied_error(["run.json"]) from None
+        return RunOutput(directory, settings, restart=None)
+
+    @classmethod
+    def resume(cls, path: str | Path) -> RunOutput:
+        """Reopen a run at its last restart; output written after that restart is dropped.
+
+        The returned output's :attr:`RunOutput.restart` holds the engine's payload.
+        """
+        directory = cls(Path(path))
+        settings = directory._read_settings()
+        remove_temporaries(directory.path)  # left by a process killed mid-write
+        if not directory.restart_path.is_file():
+            raise RunDirectoryError(
+                f"{directory.path} has no restart file yet, so there is nothing to resume "
+                "from; start the run again in a new directory"
+            )
+        restart = load_restart(directory.restart_path)
+        directory._truncate_after(settings["trajectory_format"], restart.step)
+        return RunOutput(directory, settings, restart=restart)
+
+    def _truncate_after(self, trajectory_format: str, step: int) -> None:
+        """Drop output written after ``step``: the resumed run writes it again."""
+        files = [] if trajectory_format == "none" else [self.trajectory_path(trajectory_format)]
+        for path in [*files, self.thermo_path]:
+            if not path.is_file():
+                continue
+            try:
+                if path == self.thermo_path:
+                    truncate_thermo(path, step)
+                else:
+                    trajectory.truncate_trajectory(trajectory_format, path, step)
+            except (OSError, ValueError) as error:
+                raise RunDirectoryError(
+                    f"cannot resume {self.path}: {path.name} cannot be read ({error}); it was "
+                    "probably damaged outside FastMACE. Start the run again in a new directory "
+                    "or repair the file"
+                ) from error
+
+    def _claim_empty(self) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirectoryError(
+                f"run directory {self.path} is a file; choose a directory path for the output"
+            )
+        if self.path.is_dir():
+            entries = sorted(entry.name for entry in self.path.iterdir())
+            if entries:
+                raise self._occupied_error(entries)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise RunDirectoryError(f"cannot create run directory {self.path}: {error}") from None
+
+    def _occupied_error(self, entries: list[str]) -> RunDirectoryError:
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        return RunDirectoryError(
+            f"run directory {self.path} already holds output ({shown}) and is never "
+            "overwritten; choose another directory, or continue that run with "
+            "RunDirectory.resume"
+        )
+
+    def _read_settings(self) -> dict[str, Any]:
+        if not self.path.is_dir():
+            raise RunDirectoryError(f"cannot resume {self.path}: it is not a directory")
+        try:
+            settings = json.loads(self.settings_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise RunDirectoryError(
+                f"cannot resume {self.path}: it has no run.json, so it is not a FastMACE run "
+                "directory"
+            ) from None
+        except (OSError, ValueError) as error:
+            raise RunDirectoryError(f"cannot read {self.settings_path}: {error}") from None
+        if settings.get("format") != RUN_FORMAT or settings.get("version") != RUN_VERSION:
+            raise RunDirectoryError(
+                f"{self.settings_path} is not a version-{RUN_VERSION} FastMACE run description"
+            )
+        return settings
+
+
+class RunOutput:
+    """The engine's output for one session of a run: call these once per block, then close.
+
+    At a step that has a frame, thermo rows and a restart, write the frame and the rows first:
+    a restart makes everything written before it durable, and resuming drops what came later.
+    Use :meth:`RunDirectory.create` or :meth:`RunDirectory.resume` to get one.
+    """
+
+    def __init__(
+        self, directory: RunDirectory, settings: Mapping[str, Any], restart: Restart | None
+    ) -> None:
+        self.directory = directory
+        self.trajectory_format: str = settings["trajectory_format"]
+        self.n_atoms: int = settings["n_atoms"]
+        self.n_systems: int = settings["n_systems"]
+        self.schedule = OutputSchedule.from_dict(settings["schedule"])
+        self.restart = restart
+        self._last_frame_step = -1 if restart is None else restart.step
+        self._trajectory: trajectory.TrajectoryWriter | None = None
+        self._thermo: ThermoLog | None = None
+        self._closed = False
+
+    @property
+    def trajectory_path(self) -> Path | None:
+        """The trajectory file (it exists once a frame was written), or None without one."""
+        if self.trajectory_format == "none":
+            return None
+        return self.directory.trajectory_path(self.trajectory_format)
+
+    def write_frames(
+        self,
+        step: int,
+        time_fs: float,
+        atoms: ase.Atoms | Sequence[ase.Atoms],
+        energies: float | Sequence[float] | np.ndarray | None = None,
+        forces: np.ndarray | Sequence[np.ndarray] | None = None,
+    ) -> None:
+        """Append the frame of every system at ``step`` (energies in eV, forces in eV/Å).
+
+        ``atoms`` holds one structure per system (``State.to_atoms()``), with velocities;
+        ``forces`` is one (n_i, 3) array per system or one (N, 3) array of all atoms.
+        """
+        self._check_open()
+        if self.trajectory_path is None:
+            raise RunDirectoryError("this run writes no trajectory (trajectory format 'none')")
+        frame = make_frame(step, time_fs, atoms, energies, forces)
+        if len(frame.atoms) != self.n_systems:
+            raise ValueError(f"expected {self.n_systems} systems, got {len(frame.atoms)}")
+        if frame.step <= self._last_frame_step:
+            raise ValueError(
+                f"frame step {frame.step} is not after the last one written "
+                f"({self._last_frame_step}); steps must increase"
+            )
+        if self._trajectory is None:
+            self._trajectory = trajectory.open_writer(
+                self.trajectory_format, self.trajectory_path, self.n_systems
+            )
+        self._trajectory.write(frame)
+        self._last_frame_step = frame.step
+
+    def write_thermo(self, rows: Iterable[Mapping[str, float | int | None]]) -> None:
+        """Append thermo rows (see :mod:`fastmace.io.thermo` for the columns and units)."""
+        self._check_open()
+        self._thermo_log().write(rows)
+
+    def write_restart(self, step: int, payload: Mapping[str, Any]) -> None:
+        """Replace the restart with ``payload`` at ``step`` (see :mod:`fastmace.io.restart`).
+
+        Frames and thermo rows already written are made durable first, so that a resume from
+        this restart finds everything up to its step.
+        """
+        self._check_open()
+        if self._trajectory is not None:
+            self._trajectory.sync()
+        if self._thermo is not None:
+            self._thermo.sync()
+        save_restart(self.directory.restart_path, step, payload)
+
+    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """Replace metadata.json with ``metadata`` (JSON-serialisable), atomically."""
+        self._check_open()
+        text = json.dumps(metadata, indent=2, sort_keys=True) + "\n"
+        atomic_write_text(self.directory.metadata_path, text)
+
+    def write_report(self, text: str) -> None:
+        """Replace report.txt with ``text``, atomically."""
+        self._check_open()
+        atomic_write_text(self.directory.report_path, text if text.endswith("\n") else text + "\n")
+
+    def close(self) -> None:
+        """Flush and close the files; later writes raise. Closing twice is harmless."""
+        if self._closed:
+            return
+        self._closed = True
+        for writer in (self._trajectory, self._thermo):
+            if writer is not None:
+                writer.close()
+
+    def __enter__(self) -> RunOutput:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _thermo_log(self) -> ThermoLog:
+        if self._thermo is None:
+            self._thermo = ThermoLog(self.directory.thermo_path, self.n_systems)
+            if self.restart is not None:
+                self._thermo.start_after(self.restart.step)
+        return self._thermo
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RunDirectoryError(f"the output of {self.directory.path} is already closed")

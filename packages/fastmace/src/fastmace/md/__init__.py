@@ -1,0 +1,1 @@
+"""The MD engine: batched device state, neighbour list, potential, integrators, captured step."""

@@ -1,0 +1,447 @@
+"""The potential: a converted MACE model evaluated on a batched State and fixed-capacity Edges.
+
+:class:`Potential` turns (State, Edges) into the dictionary mace-torch's ``forward`` reads and
+back into energies (float64, per system), forces (float64) and, when asked, virials and
+stresses. It calls the model's own ``forward``, so every backend (e3nn, cueq, oeq, hybrid) runs
+unchanged. Checked against mace-torch 0.3.16 (``mace/modules/models.py``, ``utils.py``).
+
+Padding is exact by construction, whatever the model's radial functions: edges that are not
+real (mask False), and real edges at or beyond ``r_max`` (a Verlet skin's extra pairs, which
+mace-torch's own neighbour list would not have produced), are rerouted to one extra
+*padding node*. It belongs to an extra dummy system, no edge connects it to a real atom, and
+its energy is left out of every sum, so real atoms cannot see it: not in the energy, not in the
+forces, not in the stress. Its edges are self-edges with a fixed vector of length ``2 r_max``,
+so their spherical harmonics and radial basis stay finite (a zero-length edge would give NaN)
+and mace's polynomial cutoff, exactly zero beyond ``r_max``, keeps its features small.
+
+Stress: the atoms' positions and the cells are strained by a symmetric per-system ε = 0 before
+the edge vectors are formed (mace-torch's ``get_symmetric_displacement`` construction, done
+here so the rerouted edges stay fixed). One backward pass gives dE/dr and dE/dε: forces -dE/dr,
+virial -dE/dε, stress (1/V) dE/dε, as mace-torch and ASE report them.
+
+The call never synchronises with the host and all shapes depend only on the number of atoms,
+systems and the edge capacity, so it can be captured in a CUDA graph. Torch's default dtype is
+the model's during the model call only (mace-torch takes some dtypes from it), then restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import ase
+import numpy as np
+import torch
+
+from fastmace.md.edges import Edges
+from fastmace.md.state import State
+from fastmace.models.backends import rounding_tolerances
+from fastmace.models.loading import model_device, model_dtype
+from fastmace.models.reference import check_structure
+
+if TYPE_CHECKING:
+    from fastmace.models.load import LoadedModel
+
+ENERGY_DTYPE = torch.float64  # energies are summed and forces returned in float64
+SUPPORTED_MODEL_TYPES = ("MACE", "ScaleShiftMACE")
+_MAX_ATOMIC_NUMBER = 118
+
+
+class UnsupportedSpeciesError(ValueError):
+    """The structure has elements the model was not trained on."""
+
+
+class UnsupportedModelError(TypeError):
+    """The model is not an energy model that Potential can drive."""
+
+
+class PotentialCheckError(AssertionError):
+    """A potential failed :func:`check_potential`; the message says which property."""
+
+
+@dataclass
+class PotentialOutput:
+    """What a :class:`Potential` computes for a batch of S systems with N atoms in all.
+
+    Attributes:
+        energy: (S,) float64 total energy of each system in eV, summed in float64.
+        forces: (N, 3) float64 forces in eV/Å.
+        virial: (S, 3, 3) float64 virial ``-dE/dε`` in eV (mace-torch's ``virials``), or None
+            when stress was not asked for.
+        stress: (S, 3, 3) float64 stress ``(1/V) dE/dε`` in eV/Å³, ASE's sign convention (as
+            mace-torch's MACECalculator reports it); zero for a system whose cell has no
+            volume; None when not asked for.
+    """
+
+    energy: torch.Tensor
+    forces: torch.Tensor
+    virial: torch.Tensor | None = None
+    stress: torch.Tensor | None = None
+
+
+class Potential(torch.nn.Module):
+    """A converted MACE model (any backend) as a function of (State, Edges).
+
+    The model runs in its own dtype: positions and cells are cast to it at the boundary, and
+    energies and forces come back in float64. Multi-head models use ``head`` for every system.
+
+    Args:
+        model: a mace-torch ``MACE`` or ``ScaleShiftMACE`` on any backend, device and dtype.
+        species: the atomic numbers the run will use; every one must be in the model.
+        head: the head's name; may be left out for a model with one head.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, species: Iterable[int] | torch.Tensor, head: str | None = None
+    ) -> None:
+        super().__init__()
+        _check_model(model)
+        self.model = model
+        self.model_species = tuple(int(z) for z in model.atomic_numbers)
+        self.species = _species_tuple(species)
+        self.check_species(self.species)
+        heads = tuple(getattr(model, "heads", None) or ("Default",))
+        self.head = _resolve_head(head, heads)
+        self.r_max = float(model.r_max)
+        dtype, device = model_dtype(model), model_device(model)
+        self.register_buffer("head_index", torch.tensor(heads.index(self.head), device=device))
+        self.register_buffer("node_attr_table", self._node_attr_table(dtype, device))
+        # The padding node's edges: a fixed vector beyond r_max, where the cutoff is zero.
+        pad = torch.tensor([2.0 * self.r_max, 0.0, 0.0], dtype=dtype, device=device)
+        self.register_buffer("padding_shift", pad)
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, species: Iterable[int] | torch.Tensor) -> Potential:
+        """The potential of an ``fm.load`` result: its converted module and its head."""
+        return cls(loaded.module, species, head=loaded.head)
+
+    def check_species(self, species: Iterable[int] | torch.Tensor) -> None:
+        """Raise UnsupportedSpeciesError unless the model knows every element of ``species``.
+
+        Host-side: call it when a new structure comes in, never inside a step.
+        """
+        unknown = sorted(set(_species_tuple(species)) - set(self.model_species))
+        if unknown:
+            raise UnsupportedSpeciesError(
+                f"the model has no parameters for {_element_list(unknown)}; its elements are "
+                f"{_element_list(self.model_species)}. Choose a model trained on these elements."
+            )
+
+    def _node_attr_table(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """(119, num_species) rows: atomic number -> mace's one-hot node attributes.
+
+        Elements the model does not know get NaN rows: if one slipped past the host-side
+        check, its system's energy becomes NaN instead of a silently wrong number.
+        """
+        table = torch.full((_MAX_ATOMIC_NUMBER + 1, len(self.model_species)), float("nan"))
+        for index, number in enumerate(self.model_species):
+            table[number] = 0.0
+            table[number, index] = 1.0
+        return table.to(dtype=dtype, device=device)
+
+    def forward(self, state: State, edges: Edges, compute_stress: bool = False) -> PotentialOutput:
+        """Energy per system, forces and (with ``compute_stress``) virials and stresses.
+
+        No host synchronisation and fixed shapes; not to be called under
+        ``torch.inference_mode`` (forces need autograd), any other grad mode is fine.
+        """
+        with torch.enable_grad():
+            graph = self._graph(state, edges, compute_stress)
+            with _default_dtype(self.node_attr_table.dtype):
+                output = self.model(graph.data, training=False, compute_force=False)
+            node_energy = output["node_energy"][: state.n_atoms].to(ENERGY_DTYPE)
+            energy = torch.zeros(state.n_systems, dtype=ENERGY_DTYPE, device=state.device)
+            energy = energy.index_add(0, state.system, node_energy)
+            inputs = [graph.positions]
+            if graph.displacement is not None:
+                inputs.append(graph.displacement)
+            # As mace-torch: forces (and virials) by one backward pass, no graph kept.
+            gradients = torch.autograd.grad(
+                [energy],
+                inputs,
+                grad_outputs=[torch.ones_like(energy)],
+                create_graph=False,
+                allow_unused=True,
+                materialize_grads=True,
+            )
+        forces = -gradients[0].to(ENERGY_DTYPE)
+        if graph.displacement is None:
+            return PotentialOutput(energy=energy.detach(), forces=forces)
+        energy_strain_derivative = gradients[1].to(ENERGY_DTYPE)
+        volume = _cell_volume(state.cell).view(-1, 1, 1)
+        stress = torch.where(
+            volume > 0, energy_strain_derivative / volume, torch.zeros_like(volume)
+        )
+        return PotentialOutput(
+            energy=energy.detach(), forces=forces, virial=-energy_strain_derivative, stress=stress
+        )
+
+    def _graph(self, state: State, edges: Edges, compute_stress: bool) -> _Graph:
+        """mace-torch's input dictionary for this batch, plus the leaves to differentiate."""
+        dtype = self.node_attr_table.dtype
+        device = state.device
+        n_atoms, n_systems = state.n_atoms, state.n_systems
+        edge_index, unit_shifts, real = _real_edges(state, edges, self.r_max)
+        positions = state.positions.to(dtype=dtype, copy=True).requires_grad_(True)
+        cell = state.cell.to(dtype)
+        displacement = None
+        if compute_stress:
+            positions_moved, cell_moved, displacement = _strained(positions, cell, state.system)
+        else:
+            positions_moved, cell_moved = positions, cell
+        unit_shifts = unit_shifts.to(dtype)
+        shifts = torch.einsum("ei,eij->ej", unit_shifts, cell_moved[state.system[edge_index[0]]])
+        # Rerouted edges: self-edges of the padding node (index n_atoms) with a fixed vector.
+        shifts = torch.where(real.unsqueeze(-1), shifts, self.padding_shift)
+        edge_index = torch.where(real, edge_index, n_atoms)
+        padding_system = torch.full((1,), n_systems, dtype=torch.int64, device=device)
+        batch = torch.cat([state.system, padding_system])
+        boundaries = torch.arange(n_systems + 2, dtype=torch.int64, device=device)
+        data = {
+            "positions": torch.cat([positions_moved, positions_moved.new_zeros(1, 3)]),
+            "node_attrs": torch.cat(
+                [self.node_attr_table[state.atomic_numbers], self._padding_node_attrs()]
+            ),
+            "edge_index": edge_index,
+            "shifts": shifts,
+            "unit_shifts": unit_shifts,
+            "cell": torch.cat([cell_moved, cell_moved.new_zeros(1, 3, 3)]).view(-1, 3),
+            "batch": batch,
+            "ptr": torch.searchsorted(batch, boundaries),
+            "head": self.head_index.expand(n_systems + 1),
+        }
+        return _Graph(data=data, positions=positions, displacement=displacement)
+
+    def _padding_node_attrs(self) -> torch.Tensor:
+        """The padding node is an atom of the model's first element (any known one would do)."""
+        return self.node_attr_table[self.model_species[0]].unsqueeze(0)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Torch's default dtype set to the model's for the call, and put back after.
+
+    Some of mace-torch's arithmetic takes its dtype from the default (the ZBL pair term
+    multiplies integer atomic numbers by a Python float), and mace-torch's own callers set
+    the default to the model's dtype; outside the call the process keeps its own default.
+    """
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@dataclass
+class _Graph:
+    data: dict[str, torch.Tensor]
+    positions: torch.Tensor
+    displacement: torch.Tensor | None
+
+
+def _real_edges(
+    state: State, edges: Edges, r_max: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Edge index and unit shifts with padding slots sanitised, and the (E,) real-edge mask.
+
+    An edge is real when it is not padding and its float64 length is in (0, r_max): the
+    pairs mace-torch's own neighbour list would give. Padding slots are set to atom 0 and a
+    zero shift first, so whatever they held (even NaN) cannot reach a gradient.
+    """
+    mask = edges.mask
+    edge_index = torch.where(mask, edges.edge_index, 0)
+    unit_shifts = torch.where(mask.unsqueeze(-1), edges.unit_shifts, 0.0)
+    sender, receiver = edge_index[0], edge_index[1]
+    shifts = torch.einsum(
+        "ei,eij->ej", unit_shifts.to(state.cell.dtype), state.cell[state.system[sender]]
+    )
+    vectors = state.positions[receiver] - state.positions[sender] + shifts
+    length_squared = (vectors * vectors).sum(-1)
+    real = mask & (length_squared < r_max * r_max) & (length_squared > 0)
+    return edge_index, unit_shifts, real
+
+
+def _strained(
+    positions: torch.Tensor, cell: torch.Tensor, system: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Positions and cells under a symmetric strain ε = 0 that autograd can differentiate.
+
+    The same construction as mace-torch's ``get_symmetric_displacement`` (after NequIP):
+    r -> r (1 + ε_sym), cell -> cell (1 + ε_sym), so dE/dε is the virial's negative.
+    """
+    displacement = torch.zeros(
+        (cell.shape[0], 3, 3), dtype=positions.dtype, device=positions.device
+    ).requires_grad_(True)
+    strain = 0.5 * (displacement + displacement.transpose(-1, -2))
+    positions_moved = positions + torch.einsum("ni,nij->nj", positions, strain[system])
+    cell_moved = cell + torch.matmul(cell, strain)
+    return positions_moved, cell_moved, displacement
+
+
+def _cell_volume(cell: torch.Tensor) -> torch.Tensor:
+    """(S,) |det(cell)| by the triple product: no LAPACK call, so nothing synchronises."""
+    return torch.abs((torch.linalg.cross(cell[:, 0], cell[:, 1]) * cell[:, 2]).sum(-1))
+
+
+def _check_model(model: torch.nn.Module) -> None:
+    kind = type(model).__name__
+    if kind not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"a {kind} is not supported: Potential drives energy models "
+            f"({', '.join(SUPPORTED_MODEL_TYPES)}); long-range and polar models (MACELES, "
+            "PolarMACE) and dipole models need inputs and outputs it does not provide"
+        )
+    if hasattr(model, "joint_embedding"):
+        raise UnsupportedModelError(
+            f"this {kind} embeds extra inputs ({', '.join(model.embedding_specs)}) that "
+            "Potential does not provide"
+        )
+
+
+def _resolve_head(head: str | None, heads: tuple[str, ...]) -> str:
+    if head is None:
+        if len(heads) == 1:
+            return heads[0]
+        raise ValueError(f"the model has {len(heads)} heads ({', '.join(heads)}): choose one")
+    if head not in heads:
+        raise ValueError(f"the model has no head {head!r}; its heads are: {', '.join(heads)}")
+    return head
+
+
+def _species_tuple(species: Iterable[int] | torch.Tensor) -> tuple[int, ...]:
+    if isinstance(species, torch.Tensor):
+        species = species.detach().to("cpu").reshape(-1).tolist()
+    return tuple(sorted({int(z) for z in species}))
+
+
+def _element_list(numbers: Iterable[int]) -> str:
+    symbols = ase.data.chemical_symbols
+    return ", ".join(symbols[z] if 0 < z < len(symbols) else f"Z={z}" for z in numbers)
+
+
+# --- Conformance check ------------------------------------------------------------------------
+
+
+def check_potential(
+    potential: Potential,
+    build_edges: Callable[[State], Edges],
+    structures: Sequence[ase.Atoms] | None = None,
+    extra_padding: int = 64,
+) -> None:
+    """Raise PotentialCheckError unless ``potential`` behaves as every potential must.
+
+    The checks (after TorchSim's ``validate_model_outputs``): output shapes, dtypes and
+    devices; finite energies, forces and stresses; inputs left unchanged; a batch gives each
+    system the energy, forces and stress it has alone; ``extra_padding`` more padding slots
+    change nothing; no stress unless asked. ``build_edges`` is the neighbour list to use.
+    ``structures`` default to two systems of the potential's species: a periodic 12-atom cell
+    and an 7-atom cluster without a cell, so the batch mixes periodic and free systems.
+    """
+    if structures is None:
+        structures = _check_structures(potential.species)
+    device = potential.node_attr_table.device
+    state = State.from_atoms(structures, device=device)
+    edges = build_edges(state)
+    before = (copy.deepcopy(state), copy.deepcopy(edges))
+    batch = potential(state, edges, compute_stress=True)
+    _check_unchanged(before, state, edges)
+    _check_outputs(batch, state)
+    dtype = potential.node_attr_table.dtype
+    for index, atoms in enumerate(structures):
+        single = State.from_atoms([atoms], device=device)
+        alone = potential(single, build_edges(single), compute_stress=True)
+        rows = state.system == index
+        _check_close(
+            f"system {index} in a batch of {len(structures)} vs alone",
+            dtype,
+            (batch.energy[index : index + 1], batch.forces[rows], batch.stress[index]),
+            (alone.energy, alone.forces, alone.stress[0]),
+        )
+    padded = potential(state, pad_edges(edges, extra_padding), compute_stress=True)
+    _check_close(
+        f"{extra_padding} extra padding slots",
+        dtype,
+        (batch.energy, batch.forces, batch.stress),
+        (padded.energy, padded.forces, padded.stress),
+    )
+    plain = potential(state, edges)
+    if plain.stress is not None or plain.virial is not None:
+        raise PotentialCheckError("stress was returned although compute_stress=False")
+
+
+def pad_edges(edges: Edges, extra: int) -> Edges:
+    """``edges`` with ``extra`` more padding slots (self-edges of atom 0, zero shift)."""
+    device = edges.edge_index.device
+    return Edges(
+        edge_index=torch.cat(
+            [edges.edge_index, torch.zeros((2, extra), dtype=torch.int64, device=device)], 1
+        ),
+        unit_shifts=torch.cat([edges.unit_shifts, edges.unit_shifts.new_zeros(extra, 3)]),
+        mask=torch.cat([edges.mask, torch.zeros(extra, dtype=torch.bool, device=device)]),
+        count=edges.count.clone(),
+        overflow=edges.overflow.clone(),
+    )
+
+
+def _check_structures(species: Sequence[int]) -> list[ase.Atoms]:
+    periodic = check_structure(tuple(species), seed=0)
+    cluster = check_structure(tuple(species), seed=1)[:7]
+    cluster.set_cell(np.zeros((3, 3)))
+    cluster.set_pbc(False)
+    return [periodic, cluster]
+
+
+def _check_unchanged(before: tuple[State, Edges], state: State, edges: Edges) -> None:
+    for name, old, new in (("state", before[0], state), ("edges", before[1], edges)):
+        for field, value in vars(old).items():
+            if not torch.equal(value, getattr(new, field)):
+                raise PotentialCheckError(f"the potential changed its input {name}.{field}")
+
+
+def _check_outputs(output: PotentialOutput, state: State) -> None:
+    n, s = state.n_atoms, state.n_systems
+    expected = {
+        "energy": (s,),
+        "forces": (n, 3),
+        "virial": (s, 3, 3),
+        "stress": (s, 3, 3),
+    }
+    for name, shape in expected.items():
+        value = getattr(output, name)
+        if value is None:
+            raise PotentialCheckError(f"{name} is missing although compute_stress=True")
+        if tuple(value.shape) != shape or value.dtype != ENERGY_DTYPE:
+            raise PotentialCheckError(
+                f"{name} is {value.dtype} of shape {tuple(value.shape)}; expected float64 of "
+                f"shape {shape}"
+            )
+        if value.device != state.device:
+            raise PotentialCheckError(f"{name} is on {value.device}, the state on {state.device}")
+        if not bool(torch.isfinite(value).all()):
+            raise PotentialCheckError(f"{name} has non-finite values: {value}")
+
+
+def _check_close(
+    what: str,
+    dtype: torch.dtype,
+    actual: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    expected: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
+    """Energy, forces and stress equal to the model dtype's rounding (models/backends.py)."""
+    energy, forces, stress = (t.detach().to("cpu", ENERGY_DTYPE).numpy() for t in expected)
+    energy_tolerance, force_tolerance = rounding_tolerances(
+        dtype, float(np.abs(energy).max()), forces, len(forces)
+    )
+    stress_tolerance = 1000 * torch.finfo(dtype).eps * max(float(np.abs(stress).max()), 0.01)
+    names = ("energy", "forces", "stress")
+    tolerances = (energy_tolerance, force_tolerance, stress_tolerance)
+    for name, got, want, tolerance in zip(names, actual, expected, tolerances, strict=True):
+        error = float((got - want).abs().max()) if got.numel() else 0.0
+        if not error <= tolerance:
+            raise PotentialCheckError(
+                f"{what}: {name} differs by {error:.3g} (tolerance {tolerance:.3g})"
+            )

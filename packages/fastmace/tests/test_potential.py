@@ -1,0 +1,422 @@
+"""The potential against mace-torch's own pipeline, padding exactness, and its conformance check.
+
+Tolerances: results must agree with mace-torch's within 100 machine epsilons of the quantity's
+scale (energy: max(|E|, number of atoms) eV; forces: max(|F|, 1 eV/Å); stress: max(|stress|,
+0.01 eV/Å³)), i.e. about 1e-5 relative in float32 and 2e-14 in float64: the same arithmetic
+in a different order. Padding must not change results beyond 4 epsilons of the same scales.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+
+import ase
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk, molecule
+from ase.cluster import Icosahedron
+from ase.neighborlist import neighbor_list
+
+import fastmace as fm
+from fastmace.md.edges import Edges
+from fastmace.md.potential import (
+    Potential,
+    PotentialCheckError,
+    PotentialOutput,
+    UnsupportedModelError,
+    UnsupportedSpeciesError,
+    check_potential,
+    pad_edges,
+)
+from fastmace.md.state import State
+from fastmace.models import backends
+from fastmace.models.loading import contained, import_mace
+from fastmace.models.reference import evaluate
+from fastmace.models.templates import TEMPLATES, template
+
+# --- Helpers --------------------------------------------------------------------------------------
+
+
+def ase_edges(state: State, cutoff: float, capacity_factor: float = 1.0) -> Edges:
+    """Edges of every system from ASE's neighbour list, padded to ``capacity_factor`` x count.
+
+    Padding slots are self-edges of atom 0 with zero shift: zero-length vectors, the worst a
+    neighbour list could leave there.
+    """
+    senders, receivers, shifts = [], [], []
+    offset = 0
+    for atoms in state.to_atoms():
+        i, j, unit_shifts = neighbor_list("ijS", atoms, cutoff)
+        senders.append(i + offset)
+        receivers.append(j + offset)
+        shifts.append(unit_shifts)
+        offset += len(atoms)
+    count = sum(len(s) for s in senders)
+    capacity = max(round(capacity_factor * count), 1)
+    edge_index = torch.zeros((2, capacity), dtype=torch.int64)
+    edge_index[0, :count] = torch.as_tensor(np.concatenate(senders))
+    edge_index[1, :count] = torch.as_tensor(np.concatenate(receivers))
+    unit_shifts = torch.zeros((capacity, 3), dtype=torch.float64)
+    unit_shifts[:count] = torch.as_tensor(np.concatenate(shifts), dtype=torch.float64)
+    mask = torch.zeros(capacity, dtype=torch.bool)
+    mask[:count] = True
+    return Edges(edge_index, unit_shifts, mask, torch.tensor(count), torch.tensor(False))
+
+
+def random_structure(numbers: Sequence[int], cell: np.ndarray, seed: int, min_distance: float):
+    """Atoms at random positions in a periodic ``cell``, at least ``min_distance`` apart."""
+    rng = np.random.default_rng(seed)
+    atoms = ase.Atoms(cell=cell, pbc=True)
+    while len(atoms) < len(numbers):
+        trial = atoms + ase.Atom(numbers[len(atoms)], rng.uniform(0, 1, 3) @ np.asarray(cell))
+        if len(trial) == 1 or trial.get_distances(-1, range(len(atoms)), mic=True).min() > (
+            min_distance
+        ):
+            atoms = trial
+    return atoms
+
+
+def copper_supercell(repeat: tuple[int, int, int] = (2, 2, 2)) -> ase.Atoms:
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(repeat)
+    atoms.rattle(stdev=0.05, seed=1)
+    return atoms
+
+
+def triclinic_mixed() -> ase.Atoms:
+    cell = np.array([[6.1, 0.0, 0.0], [2.2, 5.7, 0.0], [-1.4, 1.9, 5.9]])
+    return random_structure([29, 29, 29, 8, 8, 6, 1, 1, 29, 8], cell, seed=3, min_distance=1.6)
+
+
+def small_cell() -> ase.Atoms:
+    """Two atoms in a skewed cell of 2.7-3.1 Å: every cut-off reaches many images."""
+    cell = np.array([[2.9, 0.0, 0.0], [0.8, 2.7, 0.0], [0.5, -0.6, 3.0]])
+    return ase.Atoms("CuO", scaled_positions=[[0, 0, 0], [0.45, 0.55, 0.5]], cell=cell, pbc=True)
+
+
+def cluster() -> ase.Atoms:
+    """Ethanol and a copper atom, without a cell."""
+    atoms = molecule("CH3CH2OH")
+    oxygen = atoms.positions[atoms.get_chemical_symbols().index("O")]
+    atoms += ase.Atom("Cu", oxygen + np.array([0.0, 0.0, 2.0]))
+    atoms.rattle(stdev=0.03, seed=2)
+    return atoms
+
+
+STRUCTURES = {
+    "fcc-cu": copper_supercell,
+    "triclinic": triclinic_mixed,
+    "small-cell": small_cell,
+    "cluster": cluster,
+}
+
+_MODELS: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
+
+
+def model_of(name: str, dtype: torch.dtype) -> torch.nn.Module:
+    """A template model, built once per test session."""
+    if (name, dtype) not in _MODELS:
+        _MODELS[name, dtype] = template(name, seed=0, dtype=dtype)
+    return _MODELS[name, dtype]
+
+
+def run(potential: Potential, structures: Sequence[ase.Atoms], factor: float = 1.5, **kwargs):
+    state = State.from_atoms(list(structures))
+    return state, potential(state, ase_edges(state, potential.r_max, factor), **kwargs)
+
+
+def scale_tolerance(dtype: torch.dtype, scale: float, epsilons: float = 100) -> float:
+    return epsilons * torch.finfo(dtype).eps * scale
+
+
+def assert_matches_reference(
+    model: torch.nn.Module,
+    structures: Sequence[ase.Atoms],
+    output: PotentialOutput,
+    state: State,
+    head: str | None = None,
+) -> None:
+    """Each system of ``output`` equals mace-torch's result for it alone."""
+    dtype = next(model.parameters()).dtype
+    for index, atoms in enumerate(structures):
+        expected = evaluate(model, atoms, head=head)
+        rows = (state.system == index).numpy()
+        energy = float(output.energy[index])
+        forces = output.forces.numpy()[rows]
+        assert abs(energy - expected.energy) <= scale_tolerance(
+            dtype, max(abs(expected.energy), len(atoms))
+        ), (index, energy, expected.energy)
+        np.testing.assert_allclose(
+            forces,
+            expected.forces,
+            rtol=0,
+            atol=scale_tolerance(dtype, max(np.abs(expected.forces).max(), 1.0)),
+        )
+        stress = output.stress[index].numpy()
+        if expected.stress is None:  # no cell: mace-torch gives no stress, we give zero
+            assert not atoms.pbc.any() and not stress.any()
+        else:
+            np.testing.assert_allclose(
+                stress,
+                expected.stress,
+                rtol=0,
+                atol=scale_tolerance(dtype, max(np.abs(expected.stress).max(), 0.01)),
+            )
+
+
+def assert_same(
+    first: PotentialOutput, second: PotentialOutput, dtype: torch.dtype, epsilons: float = 4
+) -> None:
+    """Equal to ``epsilons`` (4: what "the same result" means for padding) of the scale."""
+    for name, floor in (("energy", float(first.forces.shape[0])), ("forces", 1.0)):
+        a, b = getattr(first, name), getattr(second, name)
+        scale = max(float(a.abs().max()), floor)
+        assert float((a - b).abs().max()) <= scale_tolerance(dtype, scale, epsilons), name
+    if first.stress is not None:
+        scale = max(float(first.stress.abs().max()), 0.01)
+        error = float((first.stress - second.stress).abs().max())
+        assert error <= scale_tolerance(dtype, scale, epsilons), "stress"
+
+
+# --- Agreement with mace-torch --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_tiny_template_matches_mace_on_every_cell_in_one_batch(dtype):
+    model = model_of("tiny", dtype)
+    structures = [make() for make in STRUCTURES.values()]
+    potential = Potential(model, [29, 8, 6, 1])
+    state, output = run(potential, structures, compute_stress=True)
+    assert output.energy.dtype == output.forces.dtype == torch.float64
+    assert_matches_reference(model, structures, output, state)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_mp0_small_template_matches_mace(dtype):
+    model = model_of("mp0-small", dtype)
+    structures = [copper_supercell((2, 1, 1)), triclinic_mixed(), small_cell(), cluster()]
+    potential = Potential(model, [29, 8, 6, 1])
+    state, output = run(potential, structures, compute_stress=True)
+    assert_matches_reference(model, structures, output, state)
+
+
+def test_multi_head_template_uses_the_chosen_head():
+    model = model_of("mh-1", torch.float64)
+    head = "matpes_r2scan"
+    assert head != model.heads[0]
+    structures = [small_cell()]
+    potential = Potential(model, [29, 8], head=head)
+    state, output = run(potential, structures, compute_stress=True)
+    assert_matches_reference(model, structures, output, state, head=head)
+    default = Potential(model, [29, 8], head=model.heads[0])
+    other = default(state, ase_edges(state, default.r_max)).energy
+    assert abs(float(other[0] - output.energy[0])) > 1e-3
+
+
+def test_demo_model_matches_mace_and_its_calculator():
+    loaded = fm.load("demo-emt-cu")
+    copper = copper_supercell()
+    skewed = bulk("Cu", "fcc", a=3.61).repeat((2, 2, 2))
+    skewed.set_cell(skewed.cell @ [[1.0, 0.04, 0.0], [0.0, 1.0, -0.03], [0.02, 0.0, 0.98]], True)
+    structures = [copper, skewed, Icosahedron("Cu", 2)]
+    potential = Potential.from_loaded(loaded, [29])
+    state, output = run(potential, structures, compute_stress=True)
+    assert_matches_reference(loaded.module, structures, output, state)
+    # The sign convention of the stress is the one MACECalculator hands to ASE.
+    import_mace()
+    from mace.calculators import MACECalculator
+
+    with contained():
+        atoms = copper.copy()
+        atoms.calc = MACECalculator(models=copy.deepcopy(loaded.module), default_dtype="float64")
+        stress = atoms.get_stress(voigt=False)
+    np.testing.assert_allclose(output.stress[0].numpy(), stress, rtol=0, atol=1e-12)
+
+
+def test_pair_repulsion_agnesi_transform_and_late_cutoff_match_mace(monkeypatch):
+    # ZBL pair repulsion, the Agnesi distance transform and the cut-off applied after the
+    # radial MLP (apply_cutoff=False) each take edge lengths their own way.
+    extra = {"pair_repulsion": True, "distance_transform": "Agnesi", "apply_cutoff": False}
+    monkeypatch.setitem(TEMPLATES, "tiny-zbl", dataclasses.replace(TEMPLATES["tiny"], extra=extra))
+    model = template("tiny-zbl", dtype=torch.float64)
+    compressed = bulk("Cu", "fcc", a=3.0, cubic=True).repeat((2, 2, 2))  # inside ZBL's range
+    compressed.rattle(stdev=0.1, seed=4)
+    structures = [compressed, cluster()]
+    potential = Potential(model, [29, 8, 6, 1])
+    state, output = run(potential, structures, compute_stress=True)
+    assert_matches_reference(model, structures, output, state)
+    skin = potential(state, ase_edges(state, potential.r_max + 1.0, 2.0), compute_stress=True)
+    assert_same(output, skin, torch.float64)
+
+
+# --- Padding --------------------------------------------------------------------------------------
+
+
+def test_padding_changes_nothing_even_when_padding_slots_hold_garbage():
+    model = model_of("tiny", torch.float32)
+    potential = Potential(model, [29, 8, 6, 1])
+    state = State.from_atoms([copper_supercell(), triclinic_mixed(), cluster()])
+    exact = ase_edges(state, potential.r_max, 1.0)
+    assert exact.capacity == int(exact.count)
+    tripled = ase_edges(state, potential.r_max, 3.0)
+    garbage = pad_edges(exact, 2 * exact.capacity)
+    rng = torch.Generator().manual_seed(0)
+    slots = slice(exact.capacity, None)
+    garbage.edge_index[:, slots] = torch.randint(
+        0, state.n_atoms, (2, 2 * exact.capacity), generator=rng
+    )
+    garbage.unit_shifts[slots] = float("nan")
+    results = [potential(state, e, compute_stress=True) for e in (exact, tripled, garbage)]
+    for result in results:
+        for value in (result.energy, result.forces, result.stress):
+            assert torch.isfinite(value).all()
+        assert_same(results[0], result, torch.float32)
+    # On the CPU the real atoms do exactly the same arithmetic: the results are bitwise equal.
+    for result in results[1:]:
+        assert torch.equal(result.energy, results[0].energy)
+        assert torch.equal(result.forces, results[0].forces)
+        assert torch.equal(result.stress, results[0].stress)
+
+
+def test_skin_edges_beyond_the_cutoff_change_nothing_even_where_mace_would_count_them():
+    # The mh-1 shape feeds radial features through an MLP with biases, so in mace-torch itself
+    # an edge just beyond r_max is not zero: only rerouting such edges makes a skin exact.
+    model = model_of("mh-1", torch.float64)
+    potential = Potential(model, [29, 8], head=model.heads[0])
+    state = State.from_atoms([small_cell()])
+    exact_edges = ase_edges(state, potential.r_max, 1.0)
+    skin_edges = ase_edges(state, potential.r_max + 1.0, 2.0)
+    assert int(skin_edges.count) > int(exact_edges.count)
+    exact = potential(state, exact_edges, compute_stress=True)
+    skin = potential(state, skin_edges, compute_stress=True)
+    assert_same(exact, skin, torch.float64)
+
+
+# --- Conformance check ----------------------------------------------------------------------------
+
+
+def _tiny_edges(state: State) -> Edges:
+    return ase_edges(state, 4.0, 1.5)
+
+
+@pytest.mark.parametrize("backend", ["e3nn", "cueq"])
+def test_conformance_check_passes_on_each_cpu_backend(backend):
+    found = backends.availability(backend, "cpu")
+    if not found.available:
+        pytest.skip(found.reason)
+    model = backends.convert(model_of("tiny", torch.float64), backend, "cpu", torch.float32)
+    check_potential(Potential(model, [29, 8, 1]), _tiny_edges)
+
+
+class _MutatingPotential(Potential):
+    def forward(self, state, edges, compute_stress=False):
+        output = super().forward(state, edges, compute_stress)
+        state.positions.add_(1e-3)
+        return output
+
+
+class _BatchBlindPotential(Potential):
+    """Gives every system the energy of the whole batch: what forgetting ``system`` does."""
+
+    def forward(self, state, edges, compute_stress=False):
+        output = super().forward(state, edges, compute_stress)
+        output.energy = output.energy.sum().expand(state.n_systems).clone()
+        return output
+
+
+@pytest.mark.parametrize(
+    ("broken", "message"),
+    [(_MutatingPotential, "changed its input"), (_BatchBlindPotential, "vs alone: energy")],
+)
+def test_conformance_check_catches_a_broken_potential(broken, message):
+    potential = broken(model_of("tiny", torch.float64), [29, 8, 1])
+    with pytest.raises(PotentialCheckError, match=message):
+        check_potential(potential, _tiny_edges)
+
+
+# --- On the GPU: every backend, no host synchronisation, capture in a CUDA graph ------------------
+
+
+def edges_on(edges: Edges, device: torch.device | str) -> Edges:
+    return Edges(*(getattr(edges, name).to(device) for name in vars(edges)))
+
+
+def on_cpu(output: PotentialOutput) -> PotentialOutput:
+    return PotentialOutput(*(None if t is None else t.to("cpu") for t in vars(output).values()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("backend", backends.BACKENDS)
+def test_on_the_gpu_each_backend_conforms_and_replays_in_a_cuda_graph(backend):
+    found = backends.availability(backend, "cuda")
+    if not found.available:
+        pytest.skip(found.reason)
+    model = backends.convert(model_of("tiny", torch.float64), backend, "cuda", torch.float32)
+    potential = Potential(model, [29, 8, 6, 1])
+    check_potential(potential, lambda state: edges_on(_tiny_edges(state), state.device))
+    structures = [copper_supercell(), triclinic_mixed(), cluster()]
+    state = State.from_atoms(structures, device="cuda")
+    edges = edges_on(ase_edges(state, potential.r_max + 0.5, 1.5), "cuda")
+    before = on_cpu(potential(state, edges, compute_stress=True))
+    assert_matches_reference(model, structures, before, state.to("cpu"))
+    side = torch.cuda.Stream()  # warm up off the default stream, as capture requires
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            potential(state, edges, compute_stress=True)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.set_sync_debug_mode("error")  # any host synchronisation in the call raises
+    try:
+        with pytest.raises(RuntimeError):  # as this one does: the mode is on
+            state.positions.sum().item()
+        potential(state, edges, compute_stress=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = potential(state, edges, compute_stress=True)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    noise = torch.randn(state.positions.shape, generator=generator, device="cuda")
+    state.positions.add_(0.03 * noise.double())  # within the skin: the edges stay valid
+    graph.replay()
+    replayed, eager = on_cpu(captured), on_cpu(potential(state, edges, compute_stress=True))
+    assert_same(replayed, eager, torch.float32, epsilons=100)  # GPU atomics reorder sums
+    assert float((replayed.forces - before.forces).abs().max()) > 1e-4  # it did recompute
+
+
+# --- Construction ---------------------------------------------------------------------------------
+
+
+def test_unsupported_species_are_named_with_the_models_elements():
+    model = model_of("tiny", torch.float64)
+    with pytest.raises(UnsupportedSpeciesError, match=r"Fe, Zn; its elements are H, C, O, Cu"):
+        Potential(model, torch.tensor([29, 26, 30, 26]))
+
+
+def test_a_multi_head_model_needs_a_head_and_a_known_one():
+    model = model_of("mh-1", torch.float64)
+    with pytest.raises(ValueError, match="6 heads"):
+        Potential(model, [29])
+    with pytest.raises(ValueError, match="no head 'pbe'"):
+        Potential(model, [29], head="pbe")
+
+
+def test_models_with_other_outputs_are_refused():
+    class MACELES(torch.nn.Module):  # stands in for mace-torch's long-range model
+        pass
+
+    with pytest.raises(UnsupportedModelError, match="MACELES is not supported"):
+        Potential(MACELES(), [29])
+
+
+def test_stress_only_when_asked_and_no_process_wide_change():
+    default = torch.get_default_dtype()
+    potential = Potential(model_of("tiny", torch.float32), [29])
+    with torch.no_grad():  # forces need autograd, which the call turns on for itself
+        _, output = run(potential, [bulk("Cu", "fcc", a=3.61)])
+    assert output.stress is None and output.virial is None
+    assert output.energy.shape == (1,) and output.forces.shape == (1, 3)
+    assert torch.get_default_dtype() == default
