@@ -18,13 +18,17 @@ from fastmace.runtime.startup import RuntimeInfo  # noqa: E402
 _LAZY = {
     "load": ("fastmace.models.load", "load"),
     "LoadedModel": ("fastmace.models.load", "LoadedModel"),
+    "MDResult": ("fastmace.simulation", "MDResult"),
+    "calculator": ("fastmace.ase", "calculator"),
 }
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        from importlib import import_module
+    from importlib import import_module
 
+    if name == "md":  # the package fastmace.md, callable: fm.md(...) runs fastmace.api.md
+        return import_module("fastmace.md")
+    if name in _LAZY:
         module, attribute = _LAZY[name]
         return getattr(import_module(module), attribute)
     raise AttributeError(f"module 'fastmace' has no attribute {name!r}")
@@ -39,8 +43,11 @@ __all__ = [
     "CacheLocationError",
     "EnvironmentVariableError",
     "LoadedModel",
+    "MDResult",
     "RuntimeInfo",
     "__version__",
+    "calculator",
     "load",
+    "md",
     "runtime_info",
 ]

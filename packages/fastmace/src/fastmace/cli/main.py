@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(handler=_doctor)
 
-    from fastmace.cli import models
+    from fastmace.cli import md, models
 
+    md.add_parsers(commands)
     models.add_parser(commands)
     return parser
 

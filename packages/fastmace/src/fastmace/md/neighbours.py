@@ -214,6 +214,14 @@ class NeighbourList:
             self._remember(rebuild, state, found)
         return edges
 
+    def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions and cells of the last rebuild, from which the skin is measured.
+
+        A restart stores them: building from them again gives exactly the same edge list, so
+        a resumed run continues bit for bit.
+        """
+        return self._ref_positions, self._ref_cell
+
     def required_capacity(self, state: State) -> int:
         """Number of edges within cutoff + skin for ``state``; reads back to the host."""
         with torch.no_grad():

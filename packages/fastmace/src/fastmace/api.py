@@ -1,0 +1,131 @@
+"""``fm.md``: molecular dynamics of a structure with a MACE model, in one call."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import ase
+import ase.io
+
+from fastmace.md.defaults import DEFAULT_BLOCK_STEPS, DEFAULT_SKIN_A, ENSEMBLE_SETTINGS
+
+if TYPE_CHECKING:
+    from fastmace.simulation import MDResult
+
+Structure = ase.Atoms | Sequence[ase.Atoms] | str | os.PathLike[str]
+
+
+def read_structures(
+    structure: Structure, repeat: Sequence[int] | int | None = None, index: str | int = -1
+) -> list[ase.Atoms]:
+    """``structure`` as a list of ASE structures, each repeated ``repeat`` times if given.
+
+    A path is read with ``ase.io.read`` (any format ASE reads; ``index`` picks frames, the
+    last one by default). ``repeat`` builds a supercell explicitly: FastMACE never enlarges a
+    cell on its own.
+    """
+    if isinstance(structure, str | os.PathLike):
+        path = Path(structure).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"no structure file {path}")
+        read = ase.io.read(path, index=index)
+        structures = read if isinstance(read, list) else [read]
+    elif isinstance(structure, ase.Atoms):
+        structures = [structure]
+    else:
+        structures = list(structure)
+        if not all(isinstance(item, ase.Atoms) for item in structures):
+            raise TypeError("structure must be ase.Atoms, a list of them, or a file path")
+    structures = [atoms.copy() for atoms in structures]  # never modify the caller's objects
+    if repeat is not None:
+        counts = (repeat,) * 3 if isinstance(repeat, int) else tuple(repeat)
+        if len(counts) != 3 or any(int(n) < 1 for n in counts):
+            raise ValueError(f"repeat must be three positive integers, got {repeat!r}")
+        structures = [atoms.repeat(counts) for atoms in structures]
+    return structures
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def md(
+    structure: Structure,
+    *,
+    model: str | os.PathLike[str] = "demo-emt-cu",
+    head: str | None = None,
+    ensemble: str = "nvt",
+    steps: int = 1000,
+    timestep_fs: float = 1.0,
+    output: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    repeat: Sequence[int] | int | None = None,
+    initial_temperature_K: float | None = None,
+    trajectory_every: int = 100,
+    thermo_every: int = 100,
+    restart_every: int = 10_000,
+    trajectory_format: str = "auto",
+    device: str | None = None,
+    dtype: str | None = None,
+    backend: str = "auto",
+    checkpoint: str | os.PathLike[str] | None = None,
+    block_steps: int = DEFAULT_BLOCK_STEPS,
+    skin_A: float = DEFAULT_SKIN_A,
+    capture: bool | None = None,
+    resume: bool = False,
+    progress: TextIO | None = None,
+    **ensemble_settings: Any,
+) -> MDResult:
+    """Run MD of ``structure`` with ``model`` and return the result (summary, final structures).
+
+    ``ensemble`` is ``"nve"``, ``"nvt"`` (Langevin), ``"nvt-csvr"``, ``"nvt-nose-hoover"`` or
+    ``"npt"``; its settings are keyword arguments in the units ASE users expect:
+    ``temperature_K``, ``friction_per_ps``, ``tau_fs``, ``chain_length``, ``pressure_GPa`` or
+    ``pressure_bar``, ``thermostat_tau_fs``, ``barostat_tau_fs``, ``compressibility_per_GPa``,
+    ``cell_mode`` ("isotropic", "orthorhombic", "full"). Velocities are drawn at
+    ``initial_temperature_K`` (default: ``temperature_K``, for a structure without velocities).
+
+    ``model`` is a label (its file must be present: ``fastmace models fetch`` downloads; this
+    function never does), ``template:NAME`` or a path. With ``output`` the run writes a run
+    directory (docs/output.md), which is never overwritten; ``resume=True`` continues it.
+    """
+    unknown = sorted(set(ensemble_settings) - set(ENSEMBLE_SETTINGS))
+    if unknown:
+        raise TypeError(
+            f"fm.md got unknown arguments {', '.join(unknown)}; the ensemble settings are: "
+            f"{', '.join(ENSEMBLE_SETTINGS)}"
+        )
+    from fastmace.io import OutputSchedule
+    from fastmace.md.ensembles import ensemble as make_ensemble
+    from fastmace.models.load import load
+    from fastmace.simulation import RunSettings, Simulation
+
+    chosen = make_ensemble(ensemble, **ensemble_settings)
+    structures = read_structures(structure, repeat)
+    if initial_temperature_K is None and not resume:
+        has_velocities = any(abs(atoms.get_velocities()).max() > 0 for atoms in structures)
+        if not has_velocities:
+            initial_temperature_K = ensemble_settings.get("temperature_K")
+    settings = RunSettings(
+        ensemble=chosen,
+        steps=steps,
+        timestep_fs=timestep_fs,
+        seed=seed,
+        schedule=OutputSchedule(trajectory_every, thermo_every, restart_every),
+        initial_temperature_K=initial_temperature_K,
+        block_steps=block_steps,
+        skin_A=skin_A,
+        capture=capture,
+        trajectory_format=trajectory_format,
+    )
+    loaded = load(
+        model, head=head, checkpoint=checkpoint, download=False, backend=backend,
+        device=device or _default_device(), dtype=dtype, seed=seed,
+    )  # fmt: skip
+    simulation = Simulation(loaded, structures, settings, output, resume=resume, progress=progress)
+    return simulation.run()

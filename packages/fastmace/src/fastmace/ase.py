@@ -1,0 +1,197 @@
+"""``fm.calculator(model)``: the MD engine's potential as an ASE calculator.
+
+:class:`FastMACECalculator` evaluates exactly what the MD engine evaluates: the converted model
+of ``fm.load`` wrapped in :class:`~fastmace.md.potential.Potential`, on edges from FastMACE's
+own :class:`~fastmace.md.neighbours.NeighbourList`. It gives energy (= free energy), forces
+and, for fully periodic cells, stress; per-atom energies are not available, because the
+potential sums them on the device and does not return them.
+
+Each call checks the structure (elements, overlapping atoms, NaN positions) and converts it
+to a one-system :class:`~fastmace.md.state.State`. The neighbour list is planned once and
+kept while the atoms (their number and elements) and the periodicity stay the same: a later
+call only runs the list's ``update`` (a search into the existing buffers, no re-planning),
+and with a skin none at all while no atom has moved more than half the skin. If the list
+overflows (more edges, a fuller bin or a smaller cell than it was planned for) a larger one is
+planned and built. Everything is read back to the host after each call, as ASE needs.
+
+Import note: this module is ``fastmace.ase``, and ``import ase`` in it (absolute, as all
+imports are in Python 3) is the ASE package, not this module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import ase
+import numpy as np
+import torch
+from ase.calculators.calculator import Calculator, all_changes
+from ase.stress import full_3x3_to_voigt_6_stress
+
+from fastmace.md.checks import check_structures
+from fastmace.md.edges import Edges
+from fastmace.md.neighbours import NeighbourList
+from fastmace.md.potential import Potential
+from fastmace.md.state import State
+from fastmace.models.load import LoadedModel, load
+
+DEFAULT_SKIN_A = 0.0
+"""No skin by default: on each call the search is cheap next to the model, while a skin's
+extra edges (about a third more for 0.5 Å at a 5 Å cutoff) would go through the model on
+every call. A skin pays off only where the search costs more than those edges."""
+
+
+@dataclass
+class _Neighbours:
+    """The neighbour list kept between calls, and what it was planned for."""
+
+    key: tuple[tuple[int, ...], tuple[bool, ...]]  # atomic numbers in order, pbc
+    neighbours: NeighbourList
+    edges: Edges
+
+
+class FastMACECalculator(Calculator):
+    """An ASE calculator on FastMACE's potential: energy, free energy, forces, stress.
+
+    Args:
+        model: a :class:`~fastmace.models.load.LoadedModel` from ``fm.load``, or anything
+            ``fm.load`` accepts (a label such as ``"demo-emt-cu"``, ``"template:tiny"``, a
+            path, an https URL), which is then loaded with the options below.
+        head: the head of a multi-head model (loading only).
+        device: ``"cpu"`` or ``"cuda"``; loading defaults to ``"cpu"``, a loaded model stays
+            on its own device.
+        dtype: ``"float32"`` or ``"float64"`` (loading only; default: the checkpoint's).
+        backend: ``"auto"``, ``"e3nn"``, ``"cueq"``, ``"oeq"`` or ``"hybrid"`` (loading only).
+        skin_A: Verlet skin of the neighbour list in Å; see ``DEFAULT_SKIN_A``.
+        **load_options: further arguments of ``fm.load`` (``checkpoint``, ``download``,
+            ``sha256``, ``trusted``, ``seed``, ``progress``).
+
+    Options that contradict an already loaded model raise ValueError: a loaded model is not
+    converted again here.
+    """
+
+    implemented_properties: ClassVar[list[str]] = ["energy", "free_energy", "forces", "stress"]
+    name = "FastMACE"
+
+    def __init__(
+        self,
+        model: LoadedModel | str | os.PathLike[str],
+        *,
+        head: str | None = None,
+        device: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        backend: str = "auto",
+        skin_A: float = DEFAULT_SKIN_A,
+        **load_options: Any,
+    ) -> None:
+        super().__init__()
+        if not skin_A >= 0:
+            raise ValueError(f"skin_A must be a length >= 0 in Å, got {skin_A}")
+        self.loaded = _loaded_model(model, head, device, dtype, backend, load_options)
+        self.skin_A = float(skin_A)
+        self.model_species = tuple(int(z) for z in self.loaded.module.atomic_numbers)
+        self._potential: Potential | None = None
+        self._neighbours: _Neighbours | None = None
+
+    def calculate(
+        self,
+        atoms: ase.Atoms | None = None,
+        properties: list[str] | None = None,
+        system_changes: list[str] = all_changes,
+    ) -> None:
+        """Energy, forces and (fully periodic cells only) stress of ``atoms``, into results."""
+        super().calculate(atoms, properties, system_changes)
+        atoms = self.atoms
+        # Refuse unknown elements, overlapping atoms and NaN positions with a clear message
+        # before anything reaches the model.
+        check_structures([atoms], self.model_species)
+        state = State.from_atoms(atoms, device=self.loaded.device)
+        potential = self._potential_for(atoms)
+        edges = self._edges_for(atoms, state, potential.r_max)
+        periodic = bool(np.all(atoms.pbc))
+        output = potential(state, edges, compute_stress=periodic)
+        energy = float(output.energy[0])
+        self.results = {
+            "energy": energy,
+            "free_energy": energy,
+            "forces": output.forces.detach().to("cpu").numpy().copy(),
+        }
+        # Stress is defined for a fully periodic cell only; elsewhere ASE's get_stress raises
+        # PropertyNotImplementedError, as for other molecular calculators.
+        if periodic and output.stress is not None:
+            stress = output.stress[0].detach().to("cpu").numpy()
+            self.results["stress"] = full_3x3_to_voigt_6_stress(stress)
+
+    def _potential_for(self, atoms: ase.Atoms) -> Potential:
+        """The potential for these elements; made again only when the elements change."""
+        species = set(atoms.get_atomic_numbers().tolist())
+        if self._potential is None or not species <= set(self._potential.species):
+            self._potential = Potential.from_loaded(self.loaded, sorted(species))
+        return self._potential
+
+    def _edges_for(self, atoms: ase.Atoms, state: State, cutoff: float) -> Edges:
+        """Edges for ``state``, from the kept neighbour list where it still fits the atoms."""
+        key = (tuple(atoms.get_atomic_numbers().tolist()), tuple(bool(p) for p in atoms.pbc))
+        kept = self._neighbours
+        if kept is None or kept.key != key:
+            # Other atoms or periodicity: plan a list for this structure.
+            neighbours = NeighbourList(state, cutoff, self.skin_A)
+            kept = _Neighbours(key, neighbours, neighbours.build(state))
+        elif bool(kept.neighbours.needs_rebuild(state)):
+            # Searched into the existing buffers on the existing plan; skipped altogether
+            # while the skin still covers every move (never, without a skin).
+            kept.edges = kept.neighbours.update(state, kept.edges)
+        if bool(kept.edges.overflow):
+            # The atoms or the cell outgrew the plan: plan again with larger capacities.
+            grown = kept.neighbours.grown(state)
+            kept = _Neighbours(key, grown, grown.build(state))
+            if bool(kept.edges.overflow):
+                raise RuntimeError("a neighbour list planned for this structure overflowed")
+        self._neighbours = kept
+        return kept.edges
+
+
+def calculator(model: LoadedModel | str | os.PathLike[str], **options: Any) -> FastMACECalculator:
+    """An ASE calculator for ``model``: ``atoms.calc = fm.calculator("demo-emt-cu")``.
+
+    ``options`` are those of :class:`FastMACECalculator` (``head``, ``device``, ``dtype``,
+    ``backend``, ``skin_A`` and ``fm.load``'s own).
+    """
+    return FastMACECalculator(model, **options)
+
+
+def _loaded_model(
+    model: LoadedModel | str | os.PathLike[str],
+    head: str | None,
+    device: str | None,
+    dtype: str | torch.dtype | None,
+    backend: str,
+    load_options: dict[str, Any],
+) -> LoadedModel:
+    """``model`` if it is loaded already (refusing options that contradict it), else loaded."""
+    if not isinstance(model, LoadedModel):
+        return load(
+            model,
+            head=head,
+            device=device or "cpu",
+            dtype=dtype,
+            backend=backend,
+            **load_options,
+        )
+    conflicts = [f"{name}={value!r}" for name, value in load_options.items()]
+    if head is not None and head != model.head:
+        conflicts.append(f"head={head!r}")
+    if device is not None and torch.device(device) != torch.device(model.device):
+        conflicts.append(f"device={device!r}")
+    if dtype is not None and str(dtype).removeprefix("torch.") != model.dtype:
+        conflicts.append(f"dtype={dtype!r}")
+    if backend not in ("auto", model.backend):
+        conflicts.append(f"backend={backend!r}")
+    if conflicts:
+        raise ValueError(
+            f"{', '.join(conflicts)} cannot apply to a model that is already loaded "
+            f"({model.summary()}): pass them to fm.load, or pass the model's name here"
+        )
+    return model

@@ -1,0 +1,123 @@
+"""``fastmace md STRUCTURE ...`` and ``fastmace run CONFIG.toml``: MD from the command line.
+
+Both call :func:`fastmace.md` with the same settings; a run directory is always written
+(default: ``md-<structure name>-<date>-<time>`` in the working directory) and never
+overwritten. The config file's keys are ``fm.md``'s keyword arguments plus ``structure``;
+unknown keys are refused. docs/md.md describes both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fastmace.md.defaults import ENSEMBLE_SETTINGS
+
+# Keys of a run config (TOML) besides the ensemble settings: fm.md's other arguments.
+RUN_KEYS = (
+    "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
+    "repeat", "initial_temperature_K", "trajectory_every", "thermo_every", "restart_every",
+    "trajectory_format", "device", "dtype", "backend", "checkpoint", "block_steps", "skin_A",
+    "capture", "resume",
+)  # fmt: skip
+
+
+def _repeat(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.replace("x", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--repeat takes N or A,B,C, got {text!r}") from None
+    return counts * 3 if len(counts) == 1 else counts
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    md = commands.add_parser(
+        "md", help="run MD of a structure file with a MACE model (writes a run directory)"
+    )
+    md.add_argument("structure", help="any file ASE reads (the last frame is used)")
+    md.add_argument("--model", default="demo-emt-cu", help="label, template:NAME or path")
+    md.add_argument("--head", help="model head (multi-head models)")
+    md.add_argument("--ensemble", default="nvt", help="nve, nvt, nvt-csvr, nvt-nose-hoover, npt")
+    md.add_argument("--temperature", type=float, dest="temperature_K", help="K")
+    md.add_argument("--pressure", type=float, dest="pressure_GPa", help="GPa (NPT)")
+    md.add_argument("--steps", type=int, default=1000)
+    md.add_argument("--timestep", type=float, default=1.0, dest="timestep_fs", help="fs")
+    md.add_argument("--friction", type=float, dest="friction_per_ps", help="1/ps (Langevin)")
+    md.add_argument("--tau", type=float, dest="tau_fs", help="fs (CSVR, Nose-Hoover)")
+    md.add_argument("--cell-mode", dest="cell_mode", help="NPT: isotropic, orthorhombic, full")
+    md.add_argument("--repeat", type=_repeat, help="supercell, e.g. 3 or 4,4,2")
+    md.add_argument("--output", "-o", help="run directory (default: md-<name>-<date>-<time>)")
+    md.add_argument("--resume", action="store_true", help="continue the run in --output")
+    md.add_argument("--seed", type=int, default=0)
+    md.add_argument("--traj-every", type=int, default=100, dest="trajectory_every")
+    md.add_argument("--thermo-every", type=int, default=100, dest="thermo_every")
+    md.add_argument("--restart-every", type=int, default=10_000, dest="restart_every")
+    md.add_argument("--format", default="auto", dest="trajectory_format",
+                    help="trajectory: auto, extxyz, h5md, none")  # fmt: skip
+    md.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    md.add_argument("--dtype", help="float32 or float64 (default: the model's)")
+    md.add_argument("--backend", default="auto", help="auto, e3nn, cueq, oeq, hybrid")
+    md.set_defaults(handler=_md)
+
+    run = commands.add_parser("run", help="run MD described by a TOML file (docs/md.md)")
+    run.add_argument("config", help="TOML file with fm.md's settings and a structure path")
+    run.set_defaults(handler=_run)
+
+
+def _default_output(structure: str) -> str:
+    return f"md-{Path(structure).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _execute(settings: dict[str, Any]) -> int:
+    import fastmace
+
+    structure = settings.pop("structure")
+    if not settings.get("output"):
+        settings["output"] = _default_output(str(structure))
+    result = fastmace.md(structure, **settings)
+    print(result.summary())
+    return 0
+
+
+def _md(args: argparse.Namespace) -> int:
+    options = {key: value for key, value in vars(args).items()
+               if key in RUN_KEYS or key in ENSEMBLE_SETTINGS}  # fmt: skip
+    options = {key: value for key, value in options.items() if value is not None}
+    return _execute(options)
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A run config: fm.md's keyword arguments plus ``structure``; unknown keys refused.
+
+    Relative ``structure``, ``output`` and ``checkpoint`` paths are relative to the file.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        with path.open("rb") as stream:
+            config = tomllib.load(stream)
+    except OSError as error:
+        raise FileNotFoundError(f"cannot read the run config {path}: {error}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{path} is not valid TOML: {error}") from None
+    known = set(RUN_KEYS) | set(ENSEMBLE_SETTINGS)
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(
+            f"{path}: unknown key(s) {', '.join(unknown)}; the keys are: {', '.join(sorted(known))}"
+        )
+    if "structure" not in config:
+        raise ValueError(f"{path}: the key 'structure' (a structure file) is required")
+    for key in ("structure", "output", "checkpoint"):
+        if key in config and not Path(config[key]).expanduser().is_absolute():
+            config[key] = str(path.parent / config[key])
+    return config
+
+
+def _run(args: argparse.Namespace) -> int:
+    return _execute(read_config(Path(args.config)))

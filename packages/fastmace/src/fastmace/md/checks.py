@@ -1,0 +1,69 @@
+"""Checks of a user's structures before anything runs: each failure says what and what to do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import ase
+import numpy as np
+from ase.data import chemical_symbols
+from ase.neighborlist import neighbor_list
+
+MIN_DISTANCE_A = 0.5  # closer than this, no interatomic potential is meaningful
+
+
+class StructureError(ValueError):
+    """A structure FastMACE cannot simulate as given."""
+
+
+def check_structures(
+    structures: Sequence[ase.Atoms],
+    model_species: Iterable[int],
+    min_distance_A: float = MIN_DISTANCE_A,
+) -> None:
+    """Raise StructureError for the first problem found in any of ``structures``."""
+    if not structures:
+        raise StructureError("no structure given")
+    known = set(int(z) for z in model_species)
+    for index, atoms in enumerate(structures):
+        where = f"structure {index}" if len(structures) > 1 else "the structure"
+        _check_one(atoms, where, known, min_distance_A)
+
+
+def _check_one(atoms: ase.Atoms, where: str, known: set[int], min_distance: float) -> None:
+    if len(atoms) == 0:
+        raise StructureError(f"{where} has no atoms")
+    positions = atoms.get_positions()
+    if not np.isfinite(positions).all():
+        bad = np.flatnonzero(~np.isfinite(positions).all(axis=1))
+        raise StructureError(f"{where} has non-finite positions (atoms {bad[:10].tolist()})")
+    unknown = sorted(set(atoms.get_atomic_numbers().tolist()) - known)
+    if unknown:
+        names = ", ".join(chemical_symbols[z] for z in unknown)
+        model = ", ".join(chemical_symbols[z] for z in sorted(known))
+        raise StructureError(
+            f"{where} contains {names}, which the model does not cover; its elements are: "
+            f"{model}. Choose a model trained on these elements"
+        )
+    cell = np.asarray(atoms.get_cell())
+    pbc = atoms.get_pbc()
+    lengths = np.linalg.norm(cell, axis=1)
+    if np.any(pbc & (lengths < 1e-6)):
+        axes = "".join("abc"[i] for i in range(3) if pbc[i] and lengths[i] < 1e-6)
+        raise StructureError(
+            f"{where} is periodic along {axes} but its cell vector there is zero: set the cell "
+            "(atoms.cell) or make that direction non-periodic (atoms.pbc)"
+        )
+    if pbc.all() and abs(np.linalg.det(cell)) < 1e-6:
+        raise StructureError(
+            f"{where} has a periodic cell of zero volume (cell vectors {cell.tolist()}); the cell "
+            "vectors must be linearly independent"
+        )
+    first, second, distance = neighbor_list("ijd", atoms, min_distance)
+    if len(distance):
+        closest = int(np.argmin(distance))
+        raise StructureError(
+            f"{where} has atoms {int(first[closest])} and {int(second[closest])} only "
+            f"{distance[closest]:.3f} Å apart (less than {min_distance} Å): overlapping atoms; "
+            "check the structure file, its units (Å) and its cell"
+        )

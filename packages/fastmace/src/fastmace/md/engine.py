@@ -1,0 +1,212 @@
+"""The engine: K MD steps per launch, captured as one CUDA graph on the GPU.
+
+``Engine.run_block()`` advances the batch by K steps. On CUDA the first block runs eagerly (on
+a side stream: it is also the warm-up), then the block is captured once as a CUDA graph whose
+replay reads the MD state's tensors and writes the new values back into them: neighbour-list
+check and rebuild, model, integrator and thermostat noise are all device work. The host
+synchronises once per block, to read the overflow flag and the block's energies. On the CPU
+the same code runs uncaptured.
+
+Overflow: when the neighbour list found more edges (or bin entries) than it has room for, the
+block is wrong. The engine puts the state back as it was at the block's start, grows the list
+(``NeighbourList.grown``), captures again and redoes the block. A non-finite energy or force
+stops the run with :class:`SimulationError` instead; the caller keeps its last good restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import torch
+
+from fastmace.md.edges import Edges
+from fastmace.md.integrators import ComputeFn, ForceResult, MDState
+from fastmace.md.neighbours import NeighbourList
+from fastmace.md.potential import Potential
+from fastmace.md.state import State
+
+StepFn = Callable[[MDState, ComputeFn], MDState]
+
+
+class SimulationError(RuntimeError):
+    """The dynamics blew up (a non-finite energy, force or position)."""
+
+
+class ForceField:
+    """The potential on the neighbour list: what the integrators call ``compute``.
+
+    Each call checks the Verlet skin and rebuilds the edges on the device when needed, then
+    evaluates the model. ``edges`` are the list's fixed-capacity buffers.
+    """
+
+    def __init__(
+        self, potential: Potential, neighbours: NeighbourList, edges: Edges, stress: bool
+    ) -> None:
+        self.potential = potential
+        self.neighbours = neighbours
+        self.edges = edges
+        self.stress = stress
+
+    def __call__(self, state: State) -> ForceResult:
+        self.edges = self.neighbours.update(state, self.edges)
+        out = self.potential(state, self.edges, compute_stress=self.stress)
+        return ForceResult(out.energy, out.forces, out.stress if self.stress else None)
+
+
+@dataclass
+class BlockReport:
+    """What the host learns once per block."""
+
+    step: int
+    rebuilt_capacity: bool
+    """True when this block overflowed and was redone with a larger neighbour list."""
+
+
+def tensors_of(md: MDState) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of an integrator state (its State's and its own), by dotted name."""
+    for item in dataclasses.fields(md):
+        value = getattr(md, item.name)
+        if isinstance(value, State):
+            for sub in dataclasses.fields(value):
+                yield f"state.{sub.name}", getattr(value, sub.name)
+        elif isinstance(value, torch.Tensor):
+            yield item.name, value
+
+
+def generators_of(md: MDState) -> list[torch.Generator]:
+    return [
+        getattr(md, item.name)
+        for item in dataclasses.fields(md)
+        if isinstance(getattr(md, item.name), torch.Generator)
+    ]
+
+
+def copy_into(target: MDState, source: MDState) -> None:
+    """Copy every tensor of ``source`` into the same tensor of ``target`` (same shapes)."""
+    sources = dict(tensors_of(source))
+    for name, tensor in tensors_of(target):
+        tensor.copy_(sources[name])
+
+
+def own_tensors(md: MDState) -> MDState:
+    """A copy of ``md`` whose tensors are fresh (the graph's static inputs and outputs)."""
+    state = replace(md.state, **{f.name: getattr(md.state, f.name).clone()
+                                 for f in dataclasses.fields(md.state)})  # fmt: skip
+    own = {
+        item.name: getattr(md, item.name).clone()
+        for item in dataclasses.fields(md)
+        if isinstance(getattr(md, item.name), torch.Tensor)
+    }
+    return replace(md, state=state, **own)
+
+
+class Engine:
+    """Runs an integrator on a force field in blocks of ``block_steps`` steps."""
+
+    def __init__(
+        self,
+        md: MDState,
+        step: StepFn,
+        force_field: ForceField,
+        *,
+        block_steps: int,
+        capture: bool | None = None,
+        on_regrow: Callable[[NeighbourList], None] | None = None,
+    ) -> None:
+        if block_steps < 1:
+            raise ValueError(f"block_steps must be at least 1, got {block_steps}")
+        self.md = own_tensors(md)
+        self.step_fn = step
+        self.force_field = force_field
+        self.block_steps = block_steps
+        cuda = self.md.state.device.type == "cuda"
+        self.capture = cuda if capture is None else capture
+        if self.capture and not cuda:
+            raise ValueError("CUDA graph capture needs the state on a CUDA device")
+        self.on_regrow = on_regrow
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.warmed_up = False  # a graph is captured after one eager block (the warm-up)
+        self.steps_done = 0
+        self.regrowths = 0
+
+    # -- one block -------------------------------------------------------------------------
+
+    def _advance(self, md: MDState, steps: int | None = None) -> MDState:
+        for _ in range(self.block_steps if steps is None else steps):
+            md = self.step_fn(md, self.force_field)
+        return md
+
+    def _run_eager(self, steps: int | None = None) -> None:
+        if self.md.state.device.type == "cuda":
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                copy_into(self.md, self._advance(self.md, steps))
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            copy_into(self.md, self._advance(self.md, steps))
+
+    def _capture(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        for generator in generators_of(self.md):
+            graph.register_generator_state(generator)
+        with torch.cuda.graph(graph):
+            copy_into(self.md, self._advance(self.md))
+        self.graph = graph
+
+    def _launch(self, steps: int) -> None:
+        if steps != self.block_steps:
+            self._run_eager(steps)  # a short last block: not worth a capture of its own
+        elif self.capture and self.warmed_up:
+            if self.graph is None:
+                self._capture()  # capturing records the work without running it
+            assert self.graph is not None
+            self.graph.replay()
+        else:
+            self._run_eager()
+            self.warmed_up = self.capture
+
+    def run_block(self, steps: int | None = None) -> BlockReport:
+        """Advance K steps (or ``steps``, uncaptured, for a short last block); redo them with a
+        larger neighbour list if the list overflowed."""
+        steps = self.block_steps if steps is None else steps
+        start = own_tensors(self.md)
+        generator_states = [g.get_state() for g in generators_of(self.md)]
+        regrown = False
+        while True:
+            self._launch(steps)
+            edges = self.force_field.edges
+            flags = torch.stack(
+                [
+                    edges.overflow.to(torch.float64),
+                    torch.isfinite(self.md.energy).all().to(torch.float64),
+                    torch.isfinite(self.md.state.positions).all().to(torch.float64),
+                ]
+            ).cpu()  # fmt: skip  (the block's one host synchronisation)
+            if not bool(flags[0]):
+                break
+            self._regrow(start, generator_states)
+            regrown = True
+        if not (bool(flags[1]) and bool(flags[2])):
+            raise SimulationError(
+                "the simulation blew up: a non-finite energy or position appeared in the last "
+                f"{steps} steps; try a smaller timestep, check the structure for "
+                "atoms that are too close, or check that the model covers these elements"
+            )
+        self.steps_done += steps
+        return BlockReport(self.steps_done, regrown)
+
+    def _regrow(self, start: MDState, generator_states: list[torch.Tensor]) -> None:
+        copy_into(self.md, start)
+        for generator, state in zip(generators_of(self.md), generator_states, strict=True):
+            generator.set_state(state)
+        grown = self.force_field.neighbours.grown(self.md.state)
+        self.force_field.neighbours = grown
+        self.force_field.edges = grown.build(self.md.state)
+        self.graph = None  # shapes changed: capture again, after an eager warm-up block
+        self.warmed_up = False
+        self.regrowths += 1
+        if self.on_regrow is not None:
+            self.on_regrow(grown)

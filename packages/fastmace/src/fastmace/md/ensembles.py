@@ -1,0 +1,94 @@
+"""Ensembles by name: which integrator, with which of the user's parameters.
+
+The engine and the entry points (``fm.md``, ``fastmace md``, ``fastmace run``) speak of
+ensembles ("nve", "nvt", "npt"...); this module turns a name and the user's settings into the
+integrator's init and step functions. Parameter checks happen in the integrators' init.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastmace.md import integrators
+from fastmace.md.integrators import ComputeFn, MDState
+from fastmace.md.state import State
+
+# name -> (init, step, which settings it takes, needs stress, stochastic)
+_TABLE: dict[str, tuple[Callable, Callable, tuple[str, ...], bool, bool]] = {
+    "nve": (integrators.nve_init, integrators.nve_step, (), False, False),
+    "nvt-langevin": (
+        integrators.langevin_init, integrators.langevin_step,
+        ("temperature_K", "friction_per_ps"), False, True,
+    ),
+    "nvt-csvr": (
+        integrators.csvr_init, integrators.csvr_step, ("temperature_K", "tau_fs"), False, True,
+    ),
+    "nvt-nose-hoover": (
+        integrators.nose_hoover_chain_init, integrators.nose_hoover_chain_step,
+        ("temperature_K", "tau_fs", "chain_length"), False, False,
+    ),
+    "npt": (
+        integrators.npt_init, integrators.npt_step,
+        ("temperature_K", "pressure_GPa", "pressure_bar", "thermostat_tau_fs",
+         "barostat_tau_fs", "compressibility_per_GPa", "cell_mode"), True, True,
+    ),
+}  # fmt: skip
+ALIASES = {
+    "nvt": "nvt-langevin", "langevin": "nvt-langevin", "csvr": "nvt-csvr", "bussi": "nvt-csvr",
+    "nose-hoover": "nvt-nose-hoover", "nhc": "nvt-nose-hoover",
+}  # fmt: skip
+ENSEMBLES = tuple(_TABLE)
+
+
+class EnsembleError(ValueError):
+    """An unknown ensemble or a setting it does not take."""
+
+
+@dataclass(frozen=True)
+class Ensemble:
+    """A named integrator with the user's settings bound."""
+
+    name: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def needs_stress(self) -> bool:
+        return _TABLE[self.name][3]
+
+    @property
+    def stochastic(self) -> bool:
+        return _TABLE[self.name][4]
+
+    def init(self, state: State, compute: ComputeFn, timestep_fs: float, seed: int) -> MDState:
+        init = _TABLE[self.name][0]
+        extra = {"rng": seed} if self.stochastic else {}
+        return init(state, compute, timestep_fs=timestep_fs, **self.settings, **extra)
+
+    @property
+    def step(self) -> Callable[[MDState, ComputeFn], MDState]:
+        return _TABLE[self.name][1]
+
+    def describe(self) -> str:
+        settings = ", ".join(f"{key}={value}" for key, value in self.settings.items())
+        return f"{self.name}" + (f" ({settings})" if settings else "")
+
+
+def ensemble(name: str, **settings: Any) -> Ensemble:
+    """The ensemble ``name`` (or an alias) with ``settings``; None values are left out."""
+    canonical = ALIASES.get(name.lower(), name.lower())
+    if canonical not in _TABLE:
+        choices = ", ".join([*ENSEMBLES, *ALIASES])
+        raise EnsembleError(f"unknown ensemble {name!r}; choose one of: {choices}")
+    accepted = _TABLE[canonical][2]
+    given = {key: value for key, value in settings.items() if value is not None}
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        takes = ", ".join(accepted) if accepted else "no settings"
+        raise EnsembleError(
+            f"the {canonical} ensemble does not take {', '.join(unknown)}; it takes: {takes}"
+        )
+    if "temperature_K" in accepted and "temperature_K" not in given:
+        raise EnsembleError(f"the {canonical} ensemble needs a temperature (temperature_K)")
+    return Ensemble(canonical, given)

@@ -1,0 +1,219 @@
+"""What every integrator shares: the potential's interface, the base MD state, per-system sums.
+
+Everything here that a step calls is device work on fixed shapes: per-system quantities are
+sums over atoms with ``index_add_`` over ``State.system``, and per-system parameters reach the
+atoms by indexing with ``State.system``. Nothing reads a tensor's value on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from fastmace.md.integrators.units import EV_PER_AMU_A2_PER_FS2, KB_EV_PER_K
+from fastmace.md.integrators.validation import (
+    PerSystem,
+    check_force_result,
+    check_state,
+    check_timestep,
+    per_system,
+)
+from fastmace.md.state import State
+
+
+@dataclass
+class ForceResult:
+    """What a potential returns for a State.
+
+    Attributes:
+        energy: (S,) float64 potential energy of each system in eV.
+        forces: (N, 3) float64 forces in eV/Å, minus the gradient of the energy.
+        stress: (S, 3, 3) float64 configurational stress in eV/Å^3, or None where the caller
+            needs none (only NPT does). It is ``(1/V) dE/dε`` for a symmetric strain ``ε`` of
+            cell and positions, ASE's convention: positive under tension, so the pressure from
+            it is ``-trace/3``. It has no kinetic part; the integrators add that themselves.
+    """
+
+    energy: torch.Tensor
+    forces: torch.Tensor
+    stress: torch.Tensor | None = None
+
+
+ComputeFn = Callable[[State], ForceResult]
+"""A potential: energy, forces (and stress) at the positions and cells of a State. It must not
+modify the State; within a step it is called once, and may be captured in a CUDA graph."""
+
+
+@dataclass
+class MDState:
+    """A State with the potential's output at its positions, and what every integrator needs.
+
+    The step functions return a new MDState and never modify the tensors of the one they are
+    given, so a captured block of steps reads its inputs and writes fresh outputs (only the
+    random generator of a stochastic integrator advances in place).
+
+    Attributes:
+        state: positions (Å), velocities (Å/fs), masses, cells of the batch.
+        energy: (S,) potential energy in eV at ``state``.
+        forces: (N, 3) forces in eV/Å at ``state``.
+        stress: (S, 3, 3) configurational stress in eV/Å^3 at ``state``, or None.
+        timestep: the timestep in fs, a Python float fixed for the run.
+        degrees_of_freedom: (S,) float64, ``3 N_s - 3`` per system: the centre-of-mass
+            momentum of each system is removed at init and kept at zero (see ``integrators``).
+        system_mass: (S,) float64 total mass of each system in amu.
+    """
+
+    state: State
+    energy: torch.Tensor
+    forces: torch.Tensor
+    stress: torch.Tensor | None
+    timestep: float
+    degrees_of_freedom: torch.Tensor
+    system_mass: torch.Tensor
+
+    def kinetic_energy(self) -> torch.Tensor:
+        """(S,) kinetic energy in eV."""
+        return kinetic_energy(self.state)
+
+    def temperature(self) -> torch.Tensor:
+        """(S,) instantaneous temperature in K, ``2 K / (dof k_B)`` (0 for one-atom systems)."""
+        dof = self.degrees_of_freedom.clamp(min=1.0)
+        return 2.0 * self.kinetic_energy() / (dof * KB_EV_PER_K)
+
+    def total_energy(self) -> torch.Tensor:
+        """(S,) potential plus kinetic energy in eV."""
+        return self.energy + self.kinetic_energy()
+
+
+def system_sum(values: torch.Tensor, system: torch.Tensor, n_systems: int) -> torch.Tensor:
+    """Sum per-atom rows into one row per system (``index_add_``: fixed shape, no sync)."""
+    out = torch.zeros((n_systems, *values.shape[1:]), dtype=values.dtype, device=values.device)
+    return out.index_add_(0, system, values)
+
+
+def kinetic_energy(state: State) -> torch.Tensor:
+    """(S,) kinetic energy ``sum 1/2 m v²`` of each system in eV."""
+    per_atom = state.masses * (state.velocities * state.velocities).sum(dim=1)
+    return 0.5 * EV_PER_AMU_A2_PER_FS2 * system_sum(per_atom, state.system, state.n_systems)
+
+
+def kinetic_tensor(state: State) -> torch.Tensor:
+    """(S, 3, 3) ``sum m v ⊗ v`` of each system in eV: twice the kinetic energy tensor."""
+    v = state.velocities
+    per_atom = state.masses[:, None, None] * v[:, :, None] * v[:, None, :]
+    return EV_PER_AMU_A2_PER_FS2 * system_sum(per_atom, state.system, state.n_systems)
+
+
+def cell_volume(cell: torch.Tensor) -> torch.Tensor:
+    """(S,) volume of each cell in Å^3, as the triple product (no linear-algebra kernel)."""
+    a, b, c = cell[:, 0], cell[:, 1], cell[:, 2]
+    return torch.linalg.cross(a, b).mul(c).sum(dim=1).abs()
+
+
+def remove_com_momentum(state: State, system_mass: torch.Tensor | None = None) -> State:
+    """A State whose every system has zero total momentum (velocities shifted per system)."""
+    if system_mass is None:
+        system_mass = system_sum(state.masses, state.system, state.n_systems)
+    momentum = system_sum(state.masses[:, None] * state.velocities, state.system, state.n_systems)
+    com_velocity = momentum / system_mass[:, None]
+    return replace(state, velocities=state.velocities - com_velocity[state.system])
+
+
+def count_degrees_of_freedom(state: State) -> torch.Tensor:
+    """(S,) float64 ``3 N_s - 3``: kinetic degrees of freedom with the COM momentum fixed.
+
+    Uses ``bincount``, which reads a size on the host: call it at init, not in a step.
+    """
+    atoms = state.atoms_per_system().to(torch.float64)
+    return 3.0 * atoms - 3.0
+
+
+def half_kick(
+    velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor, timestep: float
+) -> torch.Tensor:
+    """Velocities after half a step of the forces: ``v + (dt/2) F/m`` (the Verlet "B")."""
+    return velocities + (0.5 * timestep / EV_PER_AMU_A2_PER_FS2) * forces / masses[:, None]
+
+
+def drift(positions: torch.Tensor, velocities: torch.Tensor, duration: float) -> torch.Tensor:
+    """Positions after moving at constant velocity for ``duration`` fs (the Verlet "A")."""
+    return positions + duration * velocities
+
+
+def evaluate(md: MDState, state: State, compute: ComputeFn) -> MDState:
+    """``md`` moved to ``state``, with the potential's energy, forces and stress there."""
+    result = compute(state)
+    return replace(
+        md, state=state, energy=result.energy, forces=result.forces, stress=result.stress
+    )
+
+
+def with_velocities(md: MDState, velocities: torch.Tensor) -> MDState:
+    """``md`` with new velocities; positions and forces unchanged."""
+    return replace(md, state=replace(md.state, velocities=velocities))
+
+
+def initial_md_state(
+    state: State, compute: ComputeFn, timestep_fs: float, *, need_stress: bool = False
+) -> MDState:
+    """The common start of every ``*_init``: checks, COM momentum removed, first forces.
+
+    Runs on the host once (it reads sizes and checks the potential's output); not for a step.
+    """
+    check_state(state)
+    timestep = check_timestep(timestep_fs)
+    system_mass = system_sum(state.masses, state.system, state.n_systems)
+    state = remove_com_momentum(state, system_mass)
+    result = compute(state)
+    check_force_result(result, state, need_stress=need_stress)
+    return MDState(
+        state=state,
+        energy=result.energy,
+        forces=result.forces,
+        stress=result.stress,
+        timestep=timestep,
+        degrees_of_freedom=count_degrees_of_freedom(state),
+        system_mass=system_mass,
+    )
+
+
+def make_generator(rng: int | torch.Generator, device: torch.device) -> torch.Generator:
+    """The random generator an integrator draws from: ``rng`` itself, or one seeded with it.
+
+    The integrators never touch torch's global generator. A generator given must live on the
+    state's device. For CUDA graph capture, register it with the graph
+    (``torch.cuda.CUDAGraph.register_generator_state``) so that each replay draws new numbers.
+    """
+    if isinstance(rng, torch.Generator):
+        have, want = torch.device(rng.device), torch.device(device)
+        if have.type != want.type or (None not in (have.index, want.index) and have != want):
+            raise ValueError(
+                f"the random generator is on {rng.device} but the state is on {device}; "
+                f"create it with torch.Generator(device={str(device)!r}) or pass an int seed"
+            )
+        return rng
+    if isinstance(rng, bool) or not isinstance(rng, int):
+        raise TypeError(f"rng must be an int seed or a torch.Generator, got {type(rng).__name__}")
+    generator = torch.Generator(device=device)
+    generator.manual_seed(rng)
+    return generator
+
+
+def maxwell_boltzmann_velocities(
+    state: State, temperature_K: PerSystem, rng: int | torch.Generator
+) -> State:
+    """A State with velocities drawn from the Maxwell-Boltzmann distribution at each system's
+    temperature, then with each system's centre-of-mass momentum removed.
+
+    The kinetic energy is not rescaled to hit the temperature exactly: it is a fair draw of
+    the canonical distribution of the ``3 N_s - 3`` remaining degrees of freedom.
+    """
+    kT = KB_EV_PER_K * per_system(temperature_K, state, "temperature_K", "K", minimum=0.0)
+    generator = make_generator(rng, state.device)
+    noise = torch.randn(
+        state.positions.shape, generator=generator, dtype=torch.float64, device=state.device
+    )
+    scale = torch.sqrt(kT[state.system] / (state.masses * EV_PER_AMU_A2_PER_FS2))
+    return remove_com_momentum(replace(state, velocities=noise * scale[:, None]))

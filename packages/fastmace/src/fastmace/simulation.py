@@ -1,0 +1,285 @@
+"""A run: structures, a loaded model, an ensemble and an output directory, tied together.
+
+:class:`Simulation` builds the batched State, the potential on its neighbour list, the
+integrator and the engine, then runs blocks of K steps and, between blocks, writes what the
+output schedule asks for (thermo rows, trajectory frames, restarts) and shows progress. A
+restart holds every tensor of the integrator state, the random generators and the neighbour
+list's reference positions, so a resumed run continues bit for bit on the same device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+import ase
+import torch
+
+from fastmace.io import OutputSchedule, Progress, RunDirectory, RunOutput
+from fastmace.md.checks import check_structures
+from fastmace.md.defaults import DEFAULT_BLOCK_STEPS, DEFAULT_SKIN_A
+from fastmace.md.engine import Engine, ForceField, generators_of, tensors_of
+from fastmace.md.ensembles import Ensemble
+from fastmace.md.integrators import maxwell_boltzmann_velocities
+from fastmace.md.neighbours import NeighbourList
+from fastmace.md.potential import Potential
+from fastmace.md.state import State
+from fastmace.md.thermo import thermo_rows
+from fastmace.models.load import LoadedModel
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How to run: the ensemble, length, timestep, seed, output and engine settings."""
+
+    ensemble: Ensemble
+    steps: int
+    timestep_fs: float = 1.0
+    seed: int = 0
+    schedule: OutputSchedule = field(default_factory=OutputSchedule)
+    initial_temperature_K: float | None = None
+    """Draw Maxwell-Boltzmann velocities at this temperature (None: keep the structure's)."""
+    block_steps: int = DEFAULT_BLOCK_STEPS
+    skin_A: float = DEFAULT_SKIN_A
+    capture: bool | None = None
+    """CUDA graphs: None means on for CUDA devices."""
+    trajectory_format: str = "auto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
+            raise ValueError(f"steps must be a non-negative whole number, got {self.steps!r}")
+        if self.block_steps < 1:
+            raise ValueError(f"block_steps must be at least 1, got {self.block_steps}")
+        if not self.skin_A > 0:
+            raise ValueError(f"the neighbour-list skin must be positive (Å), got {self.skin_A}")
+
+    def effective_block_steps(self) -> int:
+        """K, shortened so that every output interval is a whole number of blocks."""
+        intervals = [v for v in dataclasses.asdict(self.schedule).values() if v > 0]
+        return math.gcd(self.block_steps, *intervals)
+
+
+@dataclass
+class MDResult:
+    """What a run did: final structures, last thermo rows, where the output is, how fast."""
+
+    structures: list[ase.Atoms]
+    steps: int
+    thermo: list[dict[str, Any]]
+    output: Path | None
+    timings: dict[str, float]
+    model: str
+    ensemble: str
+
+    def summary(self) -> str:
+        speed = self.timings.get("steps_per_s", float("nan"))
+        ns_day = self.timings.get("ns_per_day", float("nan"))
+        last = self.thermo[0] if self.thermo else {}
+        temperature = last.get("temperature_K")
+        text = (
+            f"{self.steps} steps of {self.ensemble} with {self.model}: {speed:.1f} steps/s, "
+            f"{ns_day:.3f} ns/day"
+        )
+        if temperature is not None:
+            text += f"; final T = {temperature:.1f} K"
+        if self.output is not None:
+            text += f"; output in {self.output}"
+        return text
+
+
+class Simulation:
+    """Run ``settings`` on ``structures`` with ``model``, writing to ``output`` (optional)."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        structures: Sequence[ase.Atoms],
+        settings: RunSettings,
+        output: str | Path | None = None,
+        *,
+        resume: bool = False,
+        progress: TextIO | None = None,
+    ) -> None:
+        started = time.perf_counter()
+        check_structures(structures, model.description.atomic_numbers)
+        self.model = model
+        self.settings = settings
+        self.block_steps = settings.effective_block_steps()
+        self.progress_stream = progress
+        self.output: RunOutput | None = None
+        self.start_step = 0
+        state = State.from_atoms(list(structures), device=model.device)
+        if settings.initial_temperature_K is not None and not resume:
+            state = maxwell_boltzmann_velocities(
+                state, settings.initial_temperature_K, settings.seed
+            )
+        restart = None
+        if output is not None:
+            self.output = (
+                RunDirectory.resume(output)
+                if resume
+                else RunDirectory.create(
+                    output,
+                    n_atoms=state.n_atoms,
+                    n_systems=state.n_systems,
+                    n_steps=settings.steps,
+                    schedule=settings.schedule,
+                    trajectory_format=settings.trajectory_format,
+                )
+            )
+            restart = self.output.restart
+        elif resume:
+            raise ValueError("resume=True needs the output directory of the run to resume")
+        self.potential = Potential.from_loaded(model, state.atomic_numbers)
+        self.neighbours, edges = self._neighbour_list(state, restart)
+        force_field = ForceField(
+            self.potential, self.neighbours, edges, stress=settings.ensemble.needs_stress
+        )
+        md = settings.ensemble.init(state, force_field, settings.timestep_fs, settings.seed)
+        if restart is not None:
+            self._restore(md, restart.payload)
+            self.start_step = restart.step
+        self.engine = Engine(
+            md,
+            settings.ensemble.step,
+            force_field,
+            block_steps=self.block_steps,
+            capture=settings.capture,
+        )
+        self.timings = {"setup_s": time.perf_counter() - started}
+
+    def _neighbour_list(self, state: State, restart: Any) -> tuple[NeighbourList, Any]:
+        if restart is None:
+            neighbours = NeighbourList(state, self.potential.r_max, self.settings.skin_A)
+            return neighbours, neighbours.build(state)
+        saved = restart.payload["neighbours"]
+        neighbours = NeighbourList(
+            state,
+            self.potential.r_max,
+            self.settings.skin_A,
+            int(saved["capacity"]),
+            bin_capacity=int(saved["bin_capacity"]),
+        )
+        # Rebuilding from the reference positions gives exactly the interrupted run's edges.
+        device = state.device
+        reference = replace(
+            state,
+            positions=torch.as_tensor(saved["positions"], device=device),
+            cell=torch.as_tensor(saved["cell"], device=device),
+        )
+        return neighbours, neighbours.build(reference)
+
+    # -- restarts --------------------------------------------------------------------------
+
+    def _payload(self, step: int) -> dict[str, Any]:
+        md = self.engine.md
+        positions, cell = self.engine.force_field.neighbours.reference()
+        neighbours = self.engine.force_field.neighbours
+        return {
+            "step": step,
+            "tensors": {name: t.detach().cpu().numpy() for name, t in tensors_of(md)},
+            "generators": [bytes(g.get_state().cpu().numpy()) for g in generators_of(md)],
+            "neighbours": {
+                "positions": positions.detach().cpu().numpy(),
+                "cell": cell.detach().cpu().numpy(),
+                "capacity": neighbours.capacity,
+                "bin_capacity": neighbours.bin_capacity,
+            },
+            "ensemble": self.settings.ensemble.describe(),
+            "timestep_fs": self.settings.timestep_fs,
+        }
+
+    def _restore(self, md: Any, payload: dict[str, Any]) -> None:
+        saved = payload["tensors"]
+        for name, tensor in tensors_of(md):
+            if name not in saved or tuple(saved[name].shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"the restart does not match this run ({name}); resume with the same "
+                    "structures, model and ensemble"
+                )
+            tensor.copy_(torch.as_tensor(saved[name], device=tensor.device))
+        for generator, state in zip(generators_of(md), payload["generators"], strict=True):
+            generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def _write_outputs(self, step: int, final: bool) -> list[dict[str, Any]]:
+        md = self.engine.md
+        schedule = self.settings.schedule
+        time_fs = step * self.settings.timestep_fs
+        rows: list[dict[str, Any]] = []
+        if schedule.thermo_due(step) or final:
+            rows = thermo_rows(md, self.potential, self.engine.force_field.edges, step, time_fs)
+        if self.output is None:
+            return rows
+        if schedule.trajectory_due(step) or (final and schedule.trajectory_every):
+            atoms = md.state.to_atoms()
+            energies = md.energy.detach().cpu().numpy()
+            forces = md.forces.detach().cpu().numpy()
+            self.output.write_frames(step, time_fs, atoms, energies, forces)
+        if rows:
+            self.output.write_thermo(rows)
+        if schedule.restart_due(step) or final:
+            self.output.write_restart(step, self._payload(step))
+        return rows
+
+    def run(self) -> MDResult:
+        """Run to ``settings.steps`` (from the restart's step when resuming)."""
+        settings = self.settings
+        total = settings.steps
+        step = self.start_step
+        progress = Progress(
+            total, settings.timestep_fs, start_step=step, stream=self.progress_stream
+        )
+        rows: list[dict[str, Any]] = []
+        if step == 0 and self.output is not None:
+            rows = self._write_outputs(0, final=total == 0)
+        first_block_s = steady_s = 0.0
+        steady_steps = 0
+        try:
+            while step < total:
+                steps = min(self.block_steps, total - step)
+                tick = time.perf_counter()
+                self.engine.run_block(steps)  # the block's one host synchronisation
+                elapsed = time.perf_counter() - tick
+                if first_block_s == 0.0:
+                    first_block_s = elapsed  # includes the warm-up before capture
+                else:
+                    steady_s, steady_steps = steady_s + elapsed, steady_steps + steps
+                step += steps
+                rows = self._write_outputs(step, final=step == total) or rows
+                progress.update(step)
+        finally:
+            progress.close()
+        if not rows:
+            rows = thermo_rows(
+                self.engine.md, self.potential, self.engine.force_field.edges, step,
+                step * settings.timestep_fs,
+            )  # fmt: skip
+        self.timings["first_block_s"] = first_block_s
+        if steady_steps:
+            rate = steady_steps / steady_s
+        elif first_block_s:
+            rate = (step - self.start_step) / first_block_s
+        else:
+            rate = float("nan")
+        self.timings["steps_per_s"] = rate
+        self.timings["ns_per_day"] = rate * settings.timestep_fs * 86400 * 1e-6
+        result = MDResult(
+            structures=self.engine.md.state.to_atoms(),
+            steps=step,
+            thermo=rows,
+            output=self.output.directory.path if self.output else None,
+            timings=dict(self.timings),
+            model=self.model.name,
+            ensemble=settings.ensemble.describe(),
+        )
+        if self.output is not None:
+            self.output.write_report(result.summary() + "\n")
+            self.output.close()
+        return result
