@@ -95,6 +95,11 @@ class FastMACECalculator(Calculator):
         self._potential: Potential | None = None
         self._neighbours: _Neighbours | None = None
 
+    @property
+    def neighbour_list(self) -> NeighbourList | None:
+        """The neighbour list kept from the last call (None before the first), for inspection."""
+        return None if self._neighbours is None else self._neighbours.neighbours
+
     def calculate(
         self,
         atoms: ase.Atoms | None = None,

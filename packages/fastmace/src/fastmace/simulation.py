@@ -135,12 +135,14 @@ class Simulation:
             restart = self.output.restart
         elif resume:
             raise ValueError("resume=True needs the output directory of the run to resume")
+        if restart is not None:
+            state = _state_from_restart(state, restart.payload)
         self.potential = Potential.from_loaded(model, state.atomic_numbers)
         self.neighbours, edges = self._neighbour_list(state, restart)
         force_field = ForceField(
             self.potential, self.neighbours, edges, stress=settings.ensemble.needs_stress
         )
-        md = settings.ensemble.init(state, force_field, settings.timestep_fs, settings.seed)
+        md = self._initial_md(state, force_field)
         if restart is not None:
             self._restore(md, restart.payload)
             self.start_step = restart.step
@@ -152,6 +154,17 @@ class Simulation:
             capture=settings.capture,
         )
         self.timings = {"setup_s": time.perf_counter() - started}
+
+    def _initial_md(self, state: State, force_field: ForceField) -> Any:
+        """The integrator's start; the first forces are recomputed until the list fits."""
+        settings = self.settings
+        while True:
+            md = settings.ensemble.init(state, force_field, settings.timestep_fs, settings.seed)
+            if not bool(force_field.edges.overflow):  # host read, once, outside the hot path
+                return md
+            grown = force_field.neighbours.grown(state)
+            force_field.neighbours, force_field.edges = grown, grown.build(state)
+            self.neighbours = grown
 
     def _neighbour_list(self, state: State, restart: Any) -> tuple[NeighbourList, Any]:
         if restart is None:
@@ -283,3 +296,19 @@ class Simulation:
             self.output.write_report(result.summary() + "\n")
             self.output.close()
         return result
+
+
+def _state_from_restart(state: State, payload: dict[str, Any]) -> State:
+    """``state`` with the restart's positions, velocities and cells (checked to fit)."""
+    saved = payload["tensors"]
+    fields = {}
+    for name in ("positions", "velocities", "cell"):
+        array = saved.get(f"state.{name}")
+        current = getattr(state, name)
+        if array is None or tuple(array.shape) != tuple(current.shape):
+            raise ValueError(
+                f"the restart's {name} do not fit these structures; resume with the structures "
+                "the run started from"
+            )
+        fields[name] = torch.as_tensor(array, dtype=current.dtype, device=current.device)
+    return replace(state, **fields)

@@ -1,0 +1,154 @@
+"""Runs end to end on the CPU with the shipped demo model: output, resume, errors, overflow."""
+
+from __future__ import annotations
+
+import csv
+
+import ase.build
+import numpy as np
+import pytest
+import torch
+
+import fastmace as fm
+from fastmace.io import OutputSchedule, RunDirectoryError, read_trajectory
+from fastmace.md.checks import StructureError
+from fastmace.md.engine import SimulationError
+from fastmace.md.ensembles import EnsembleError, ensemble
+from fastmace.models.load import load
+from fastmace.simulation import RunSettings, Simulation
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load("demo-emt-cu")
+
+
+def copper(repeat=(2, 1, 1)) -> ase.Atoms:
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat(repeat)
+    atoms.rattle(0.02, seed=3)
+    return atoms
+
+
+def settings(steps: int, **changes) -> RunSettings:
+    values = dict(
+        ensemble=ensemble("nvt", temperature_K=300.0, friction_per_ps=5.0),
+        steps=steps,
+        timestep_fs=2.0,
+        seed=7,
+        schedule=OutputSchedule(trajectory_every=5, thermo_every=5, restart_every=10),
+        initial_temperature_K=300.0,
+        block_steps=5,
+    )
+    values.update(changes)
+    return RunSettings(**values)
+
+
+def test_run_writes_a_run_directory(demo, tmp_path):
+    result = Simulation(demo, [copper()], settings(20), tmp_path / "run").run()
+    run = tmp_path / "run"
+    assert {p.name for p in run.iterdir()} >= {
+        "run.json", "thermo.csv", "restart.npz", "report.txt", "trajectory.extxyz",
+    }  # fmt: skip
+    rows = list(csv.DictReader((run / "thermo.csv").open()))
+    assert [int(r["step"]) for r in rows] == [0, 5, 10, 15, 20]
+    assert all(float(r["temperature_K"]) > 0 and r["pressure_GPa"] for r in rows)
+    frames = read_trajectory(run / "trajectory.extxyz")
+    assert len(frames) == 5 and len(frames[0]) == 8
+    assert result.steps == 20 and "demo-emt-cu" in (run / "report.txt").read_text()
+    np.testing.assert_allclose(frames[-1].positions, result.structures[0].positions, atol=1e-7)
+
+
+def test_resume_continues_bit_for_bit(demo, tmp_path):
+    straight = Simulation(demo, [copper()], settings(20)).run()
+    Simulation(demo, [copper()], settings(10), tmp_path / "run").run()
+    resumed = Simulation(demo, [copper()], settings(20), tmp_path / "run", resume=True).run()
+    assert resumed.steps == 20
+    assert np.array_equal(resumed.structures[0].positions, straight.structures[0].positions)
+    assert np.array_equal(resumed.structures[0].get_velocities(),
+                          straight.structures[0].get_velocities())  # fmt: skip
+    rows = list(csv.DictReader((tmp_path / "run" / "thermo.csv").open()))
+    assert [int(r["step"]) for r in rows] == [0, 5, 10, 15, 20]  # no duplicate, no gap
+
+
+def test_a_run_directory_is_never_overwritten(demo, tmp_path):
+    Simulation(demo, [copper()], settings(5), tmp_path / "run").run()
+    before = (tmp_path / "run" / "thermo.csv").read_bytes()
+    with pytest.raises(RunDirectoryError, match="resume"):
+        Simulation(demo, [copper()], settings(5), tmp_path / "run")
+    assert (tmp_path / "run" / "thermo.csv").read_bytes() == before
+
+
+def test_neighbour_list_overflow_is_recovered(demo):
+    reference = Simulation(demo, [copper()], settings(10)).run()
+    small = Simulation(demo, [copper()], settings(10))
+    # A list far too small for the structure: the first forces and every block must notice.
+    from fastmace.md.neighbours import NeighbourList
+
+    state = small.engine.md.state
+    tiny = NeighbourList(state, small.potential.r_max, 0.5, 8)
+    small.engine.force_field.neighbours = tiny
+    small.engine.force_field.edges = tiny.build(state)
+    result = small.run()
+    assert small.engine.regrowths >= 1
+    np.testing.assert_allclose(
+        result.structures[0].positions, reference.structures[0].positions, atol=1e-9
+    )
+
+
+def test_explosion_stops_the_run_and_keeps_the_last_restart(demo, tmp_path):
+    atoms = copper()
+    velocities = np.zeros((len(atoms), 3))
+    velocities[0, 0] = np.inf
+    atoms.set_velocities(velocities)
+    run = Simulation(
+        demo, [atoms], settings(20, ensemble=ensemble("nve"), initial_temperature_K=None),
+        tmp_path / "run",
+    )  # fmt: skip
+    with pytest.raises(SimulationError, match="blew up"):
+        run.run()
+    from fastmace.io import load_restart
+
+    assert load_restart(tmp_path / "run" / "restart.npz").step == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (lambda a: a.positions.__setitem__((1,), a.positions[0] + 0.2), StructureError, "apart"),
+        (lambda a: a.positions.__setitem__((0, 0), np.nan), StructureError, "non-finite"),
+        (lambda a: a.set_chemical_symbols(["H"] + ["Cu"] * 7), StructureError, "H, which"),
+        (lambda a: a.set_cell(np.zeros((3, 3))), StructureError, "cell"),
+    ],
+    ids=["overlap", "nan", "species", "zero-cell"],
+)
+def test_bad_structures_are_refused_before_anything_runs(demo, tmp_path, change, error, match):
+    atoms = copper()
+    change(atoms)
+    with pytest.raises(error, match=match):
+        Simulation(demo, [atoms], settings(5), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"),
+    [
+        ({"ensemble": "nvt", "temperature_K": -5.0}, ValueError, "temperature"),
+        ({"ensemble": "nvt", "temperature_K": 300.0, "timestep_fs": 50.0}, ValueError, "timestep"),
+        ({"ensemble": "nvt"}, EnsembleError, "needs a temperature"),
+        ({"ensemble": "nve", "temperature_K": 300.0}, EnsembleError, "does not take"),
+        ({"ensemble": "nvx", "temperature_K": 300.0}, EnsembleError, "unknown ensemble"),
+        ({"ensemble": "nvt", "temperature_K": 300.0, "tmperature": 1}, TypeError, "unknown"),
+    ],
+)
+def test_bad_settings_give_clear_errors(arguments, error, match):
+    with pytest.raises(error, match=match):
+        fm.md(copper(), model="demo-emt-cu", steps=5, **arguments)
+
+
+def test_fm_md_runs_and_leaves_the_callers_atoms_alone():
+    atoms = copper()
+    before = atoms.positions.copy()
+    result = fm.md(atoms, model="demo-emt-cu", temperature_K=300.0, steps=10, timestep_fs=2.0)
+    assert np.array_equal(atoms.positions, before)
+    assert result.steps == 10 and result.thermo[0]["temperature_K"] > 0
+    assert torch.get_default_dtype() == torch.float32
