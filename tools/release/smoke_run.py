@@ -1,4 +1,4 @@
-"""The clean-install smoke run: load the demo model and evaluate it with the prebuilt extension.
+"""The clean-install smoke run: the demo model with the prebuilt extension, then a short MD run.
 
 On a GPU it also converts the demo model to the hybrid backend (OpenEquivariance's fused
 convolution with cuEquivariance), which fastmace checks against mace-torch's e3nn model at
@@ -32,6 +32,12 @@ def main() -> None:
         print(f"smoke_run: {hybrid.summary()}; check {hybrid.conversion_check}")
         if record.how != "prebuilt":
             raise SystemExit(f"smoke_run: the extension was not loaded prebuilt: {record}")
+    # A short MD run through the whole engine (hybrid backend and CUDA graphs on a GPU).
+    run = fm.md(
+        atoms, model="demo-emt-cu", temperature_K=300.0, steps=20, timestep_fs=2.0,
+        device=device, backend="hybrid" if cuda else "auto", block_steps=10,
+    )  # fmt: skip
+    print(f"smoke_run: MD {run.summary()}")
     print(f"smoke_run: oeq_runtime {record.summary()}")
 
 

@@ -87,7 +87,7 @@ def md(
     ``"npt"``; its settings are keyword arguments in the units ASE users expect:
     ``temperature_K``, ``friction_per_ps``, ``tau_fs``, ``chain_length``, ``pressure_GPa`` or
     ``pressure_bar``, ``thermostat_tau_fs``, ``barostat_tau_fs``, ``compressibility_per_GPa``,
-    ``cell_mode`` ("isotropic", "orthorhombic", "full"). Velocities are drawn at
+    ``cell_mode`` ("isotropic", "per_axis", "full"). Velocities are drawn at
     ``initial_temperature_K`` (default: ``temperature_K``, for a structure without velocities).
 
     ``model`` is a label (its file must be present: ``fastmace models fetch`` downloads; this

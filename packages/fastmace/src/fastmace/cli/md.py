@@ -47,7 +47,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     md.add_argument("--timestep", type=float, default=1.0, dest="timestep_fs", help="fs")
     md.add_argument("--friction", type=float, dest="friction_per_ps", help="1/ps (Langevin)")
     md.add_argument("--tau", type=float, dest="tau_fs", help="fs (CSVR, Nose-Hoover)")
-    md.add_argument("--cell-mode", dest="cell_mode", help="NPT: isotropic, orthorhombic, full")
+    md.add_argument("--cell-mode", dest="cell_mode", help="NPT: isotropic, per_axis, full")
     md.add_argument("--repeat", type=_repeat, help="supercell, e.g. 3 or 4,4,2")
     md.add_argument("--output", "-o", help="run directory (default: md-<name>-<date>-<time>)")
     md.add_argument("--resume", action="store_true", help="continue the run in --output")
