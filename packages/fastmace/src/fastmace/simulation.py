@@ -260,9 +260,16 @@ class Simulation:
                 tick = time.perf_counter()
                 self.engine.run_block(steps)  # the block's one host synchronisation
                 elapsed = time.perf_counter() - tick
+                # Steady speed: graph replays when capturing, else every block after the
+                # first; warm-up, capture and redone blocks count as setup.
+                steady = (
+                    self.engine.last_launch == "replay"
+                    if self.engine.capture
+                    else first_block_s > 0.0
+                )
                 if first_block_s == 0.0:
-                    first_block_s = elapsed  # includes the warm-up before capture
-                else:
+                    first_block_s = elapsed
+                elif steady:
                     steady_s, steady_steps = steady_s + elapsed, steady_steps + steps
                 step += steps
                 rows = self._write_outputs(step, final=step == total) or rows

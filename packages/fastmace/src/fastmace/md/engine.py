@@ -128,6 +128,7 @@ class Engine:
         self.on_regrow = on_regrow
         self.graph: torch.cuda.CUDAGraph | None = None
         self.warmed_up = False  # a graph is captured after one eager block (the warm-up)
+        self.last_launch = ""  # "eager", "capture" or "replay": what the last block did
         self.steps_done = 0
         self.regrowths = 0
 
@@ -159,14 +160,18 @@ class Engine:
     def _launch(self, steps: int) -> None:
         if steps != self.block_steps:
             self._run_eager(steps)  # a short last block: not worth a capture of its own
+            self.last_launch = "eager"
         elif self.capture and self.warmed_up:
+            self.last_launch = "replay"
             if self.graph is None:
                 self._capture()  # capturing records the work without running it
+                self.last_launch = "capture"
             assert self.graph is not None
             self.graph.replay()
         else:
             self._run_eager()
             self.warmed_up = self.capture
+            self.last_launch = "eager"
 
     def run_block(self, steps: int | None = None) -> BlockReport:
         """Advance K steps (or ``steps``, uncaptured, for a short last block); redo them with a

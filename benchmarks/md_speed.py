@@ -1,0 +1,949 @@
+"""MD speed, side by side: FastMACE against mace-torch's MACECalculator driving ASE.
+
+What is measured
+----------------
+Wall-clock milliseconds per MD step (and steps/s, ns/day at 1 fs) of Langevin NVT dynamics at
+300 K with a 1 fs timestep and a friction of 10/ps (0.01/fs), in float32, on rock-salt NaCl
+supercells (``ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat(n)``: 8 n^3
+atoms), for random-weight models with the shapes of released MACE models
+(``fastmace.models.templates.template(name, seed=0)``; the cost depends on the shapes, not on
+the weights). Both paths get the same template weights (seed 0, cast to float32). All cases
+run in this one process, one after the other, on one device.
+
+* FastMACE (``path = fastmace``): ``fastmace.models.load.load("template:NAME", backend=B,
+  device, dtype)`` once per model and backend (converted and checked against e3nn; that time is
+  reported as ``load_s`` and is not part of the step time), then
+  ``fastmace.simulation.Simulation(loaded, [atoms], RunSettings(nvt, steps=N, block_steps=K,
+  schedule=OutputSchedule(0, 0, 0), capture=...), output=None).run()``. The whole step
+  (neighbour-list check and rebuild on the device, model, forces, integrator, thermostat noise)
+  stays on the GPU; K steps are one CUDA-graph launch and the host synchronises once per block.
+  Each engine block is timed on the host (the engine's own per-block synchronisation ends it).
+  Block 1 runs eagerly (warm-up); with CUDA graphs on, block 2 also captures the graph. The
+  reported ms/step is the mean over the blocks after those (graph replays only; blocks redone
+  after a neighbour-list overflow and the one after them are left out too). ``run()``'s own
+  ``timings["steps_per_s"]`` (which counts the capture block as steady) is kept as
+  ``run_steps_per_s``. N is a whole number of blocks chosen so that the timed blocks last about
+  ``--target-s`` seconds (3 to 40 blocks); K is ``--block-steps`` (20 above 10,000 atoms).
+  Variants: backends ``hybrid`` (OpenEquivariance convolution + cuEquivariance) and ``cueq``,
+  and ``hybrid`` with ``capture=False`` (same engine, no CUDA graphs: what the graphs bring).
+* mace-torch (``path = ase``): ``mace.calculators.MACECalculator(models=[template],
+  device, default_dtype)`` with its own options as the variant (``enable_cueq``,
+  ``enable_oeq``, both = mace's hybrid, neither = e3nn, ``compile_mode="default"``), attached
+  to ``ase.md.langevin.Langevin`` (fixcm=False). A calculator is built once per model and
+  variant (compiled ones once per case) and that time is reported as ``build_s``. After a few
+  warm-up steps (compilation included) and a short probe, ``dyn.run(n)`` is timed between two
+  ``torch.cuda.synchronize()`` calls, with n chosen for about ``--target-s`` seconds (5 to 50
+  steps; 3 to 10 above 10,000 atoms). Each step is what an ASE user pays: the neighbour list and
+  graph built on the CPU, the model on the GPU (MACECalculator also evaluates the stress, its
+  default for MACE models), forces copied back, the integrator in NumPy.
+
+The "vs best MACECalculator" column divides the best (lowest) ms/step among the
+MACECalculator variants of the same model and size by the row's ms/step.
+
+Robustness: cases run in priority order (:func:`full_plan`: the main comparison at every
+size first, then capture=False, the other variants and torch.compile); every case is wrapped
+(CUDA OOM and other errors are recorded with their reason); memory is freed between cases; the
+JSON and Markdown results are rewritten after every case. The time budget (``--budget-s``)
+counts from process start: a case that would not fit, or any case once the budget is spent, is
+reported as skipped; a running case is interrupted at the budget plus ``--grace-s`` (or after
+``--case-timeout-s``).
+
+Run on the GPU machine, from the repository root::
+
+    python benchmarks/md_speed.py --budget-s 450    # writes to $OUT, else benchmarks/results
+
+CPU dry run (tiny: mp0-small on 64 atoms, a few steps; OEq and hybrid fail there, recorded)::
+
+    python benchmarks/md_speed.py --device cpu --quick --out /tmp/md_speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import importlib.metadata
+import io
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import fastmace  # before torch: it sets PyTorch's file locks at import (fastmace/__init__.py)
+
+# isort: split
+import ase
+import ase.build
+import numpy as np
+import torch
+from ase import units
+from ase.md.langevin import Langevin
+from ase.md.velocitydistribution import Stationary
+
+from fastmace.io import OutputSchedule
+from fastmace.md.ensembles import ensemble
+from fastmace.models.load import LoadedModel, load
+from fastmace.models.loading import contained, import_mace
+from fastmace.models.templates import template
+from fastmace.simulation import RunSettings, Simulation
+
+TEMPERATURE_K = 300.0
+TIMESTEP_FS = 1.0
+FRICTION_PER_PS = 10.0  # = 0.01/fs, the same for both paths
+SEED = 0
+LATTICE_A = 5.64
+HEADS = {"mh-1": "omat_pbe"}  # multi-head templates: the head to run
+LARGE_ATOMS = 10_000  # above this: K = 20, fewer ASE steps
+
+# (path, variant) -> label, in the order the table lists them within a row.
+LABELS: dict[tuple[str, str], str] = {
+    ("fastmace", "hybrid"): "FastMACE hybrid (OEq+cuEq)",
+    ("fastmace", "cueq"): "FastMACE cuEq",
+    ("fastmace", "hybrid-nograph"): "FastMACE hybrid, capture=False",
+    ("fastmace", "cueq-nograph"): "FastMACE cuEq, capture=False",
+    ("fastmace", "e3nn"): "FastMACE e3nn",
+    ("fastmace", "e3nn-nograph"): "FastMACE e3nn, capture=False",
+    ("ase", "cueq"): "MACECalculator + ASE, cuEq",
+    ("ase", "hybrid"): "MACECalculator + ASE, hybrid (cuEq+OEq)",
+    ("ase", "oeq"): "MACECalculator + ASE, OEq",
+    ("ase", "e3nn"): "MACECalculator + ASE, e3nn",
+    ("ase", "cueq-compile"): "MACECalculator + ASE, cuEq + torch.compile",
+    ("ase", "e3nn-compile"): "MACECalculator + ASE, e3nn + torch.compile",
+}
+# FastMACE variant -> (backend, capture); capture None = CUDA graphs on CUDA devices.
+FASTMACE_VARIANTS: dict[str, tuple[str, bool | None]] = {
+    "hybrid": ("hybrid", None),
+    "cueq": ("cueq", None),
+    "hybrid-nograph": ("hybrid", False),
+    "cueq-nograph": ("cueq", False),
+    "e3nn": ("e3nn", None),
+    "e3nn-nograph": ("e3nn", False),
+}
+# MACECalculator variant -> its keyword arguments.
+ASE_VARIANTS: dict[str, dict[str, Any]] = {
+    "cueq": {"enable_cueq": True},
+    "hybrid": {"enable_cueq": True, "enable_oeq": True},
+    "oeq": {"enable_oeq": True},
+    "e3nn": {},
+    "cueq-compile": {"enable_cueq": True, "compile_mode": "default"},
+    "e3nn-compile": {"compile_mode": "default"},
+}
+MODEL_ORDER = ("mp0-small", "mp0-medium", "mh-1")
+# First guess of FastMACE's ms/step with CUDA graphs on an H200: a + b * atoms (only used to
+# choose N before a measurement of the same model exists).
+GUESS_MS = {"mp0-small": (0.5, 0.0008), "mp0-medium": (0.8, 0.0015), "mh-1": (2.0, 0.012)}
+EAGER_EXTRA_MS = 20.0  # an uncaptured step pays for thousands of kernel launches
+
+_NOISY_WARNINGS = (
+    "The TorchScript type system doesn't support",
+    "`torch.jit.script` is deprecated",
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement: a model template on a NaCl cell of ``atoms`` atoms, by one path."""
+
+    model: str
+    atoms: int
+    path: str  # "fastmace" or "ase"
+    variant: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}/{self.atoms}/{self.path}-{self.variant}"
+
+    @property
+    def label(self) -> str:
+        return LABELS[(self.path, self.variant)]
+
+
+class CaseTimeout(BaseException):
+    """A case ran past its time limit (BaseException: library code must not swallow it)."""
+
+
+# -- the plan ------------------------------------------------------------------------------
+
+
+def full_plan() -> list[Case]:
+    """The GPU plan, most important first.
+
+    1. FastMACE hybrid against MACECalculator cuEq, at every size;
+    2. FastMACE with capture=False (what the graphs bring), at 1728 and 216 atoms;
+    3. FastMACE cuEq, MACECalculator hybrid and e3nn, for MP-0 medium at 1728 and 216 atoms;
+    4. MACECalculator cuEq + torch.compile at 1728 atoms (a candidate for the best baseline);
+    5. the same three variants as in 3 at the other sizes;
+    6. MACECalculator OEq everywhere, then the other torch.compile cases.
+    """
+    rows = [
+        ("mp0-medium", 1728),
+        ("mp0-medium", 216),
+        ("mp0-medium", 13824),
+        ("mh-1", 1728),
+        ("mh-1", 216),
+        ("mp0-medium", 32768),
+    ]
+    first = (("fastmace", "hybrid"), ("ase", "cueq"))
+    cases = [Case(m, n, p, v) for m, n in rows for p, v in first]
+    cases += [Case("mp0-medium", n, "fastmace", "hybrid-nograph") for n in (1728, 216)]
+    others = (("fastmace", "cueq"), ("ase", "hybrid"), ("ase", "e3nn"))
+    cases += [Case(m, n, p, v) for m, n in rows[:2] for p, v in others]
+    cases.append(Case("mp0-medium", 1728, "ase", "cueq-compile"))
+    cases += [Case(m, n, p, v) for m, n in rows[2:] for p, v in others]
+    cases += [Case(m, n, "ase", "oeq") for m, n in rows]
+    cases.append(Case("mp0-medium", 1728, "ase", "e3nn-compile"))
+    cases.append(Case("mp0-medium", 216, "ase", "cueq-compile"))
+    return cases
+
+
+def quick_plan() -> list[Case]:
+    """The CPU dry run on 64 atoms of mp0-small: hybrid and OEq fail on the CPU (which tests
+    the error path), FastMACE runs with e3nn (the CPU backend; no graphs on a CPU) and, last
+    because its CPU fallback is slow, cuEq; torch.compile only with --quick-compile."""
+    variants = [
+        ("fastmace", "hybrid"),
+        ("ase", "e3nn"),
+        ("fastmace", "e3nn"),
+        ("fastmace", "e3nn-nograph"),
+        ("ase", "hybrid"),
+        ("ase", "oeq"),
+        ("ase", "cueq"),
+        ("fastmace", "cueq"),
+        ("ase", "e3nn-compile"),
+    ]
+    return [Case("mp0-small", 64, p, v) for p, v in variants]
+
+
+# -- small helpers -------------------------------------------------------------------------
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc), so the budget includes the imports."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])  # field 22 of stat(5), counted after "(comm)"
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _raise_timeout(signum: int, frame: Any) -> None:
+    raise CaseTimeout()
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise CaseTimeout in the main thread after ``seconds`` (no limit where SIGALRM is
+    missing)."""
+    if not hasattr(signal, "setitimer"):
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _raise_timeout)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def nacl(atoms: int) -> ase.Atoms:
+    """Rock-salt NaCl, the cubic 8-atom cell repeated n times along each axis."""
+    n = round((atoms / 8) ** (1 / 3))
+    if 8 * n**3 != atoms:
+        raise ValueError(f"{atoms} atoms is not a cubic NaCl supercell (8 n^3)")
+    return ase.build.bulk("NaCl", "rocksalt", a=LATTICE_A, cubic=True).repeat(n)
+
+
+def thermalize(atoms: ase.Atoms, temperature_K: float, rng: np.random.Generator) -> None:
+    """Maxwell-Boltzmann momenta (ASE 3.29 renamed the function)."""
+    try:
+        from ase.md.velocitydistribution import thermalize_momenta
+    except ImportError:
+        from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+
+        MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_K, rng=rng)
+    else:
+        thermalize_momenta(atoms, temperature_K, rng=rng)
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def free_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def error_record(error: BaseException) -> dict[str, str]:
+    return {
+        "type": type(error).__name__,
+        "message": str(error)[:2000],
+        "traceback": traceback.format_exc()[-4000:],
+    }
+
+
+def atomic_write(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """A number with about ``digits`` significant digits, never in exponent form."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    if value == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{decimals}f}"
+
+
+def ns_per_day(steps_per_s: float) -> float:
+    return steps_per_s * TIMESTEP_FS * 86_400 * 1e-6
+
+
+# -- the environment -----------------------------------------------------------------------
+
+
+def package_versions() -> dict[str, str]:
+    wanted = ("torch", "mace-torch", "ase", "e3nn", "numpy", "matscipy", "openequivariance")
+    found: dict[str, str] = {}
+    for name in wanted:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith(("cuequivariance", "openequivariance", "nvidia-cuda-runtime")):
+            found[name] = dist.version
+    # Modules found on PYTHONPATH without distribution metadata (OEq from source on the GPU
+    # machine): their __version__, if mace-torch has imported them already (never import
+    # OpenEquivariance here: FastMACE's runtime must be the one to do it).
+    for module in ("openequivariance", "cuequivariance", "cuequivariance_torch",
+                   "cuequivariance_ops_torch"):  # fmt: skip
+        loaded = sys.modules.get(module)
+        version = getattr(loaded, "__version__", None) if loaded else None
+        if version is not None and not any(k.startswith(module.replace("_", "-")) for k in found):
+            found[module.replace("_", "-")] = f"{version} (module)"
+    found["fastmace"] = fastmace.__version__
+    return dict(sorted(found.items()))
+
+
+def gpu_info() -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        return {"available": False}
+    props = torch.cuda.get_device_properties(0)
+    info: dict[str, Any] = {
+        "available": True,
+        "name": torch.cuda.get_device_name(0),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+        "memory_GiB": round(props.total_memory / 2**30, 1),
+        "count": torch.cuda.device_count(),
+        "torch_cuda": torch.version.cuda,
+    }
+    try:
+        query = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        )  # fmt: skip
+        info["driver"] = query.stdout.strip().splitlines()[0].split(",")[0].strip()
+    except (OSError, subprocess.SubprocessError, IndexError) as error:
+        info["driver"] = f"unknown (nvidia-smi: {type(error).__name__})"
+    return info
+
+
+def git_commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+            cwd=Path(__file__).resolve().parent, check=True,
+        )  # fmt: skip
+        return done.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def fastmace_backends(device: str) -> dict[str, str]:
+    from fastmace.models import backends
+
+    found = {}
+    for name in ("hybrid", "cueq", "oeq"):
+        try:
+            item = backends.availability(name, device)
+            found[name] = f"{'available' if item.available else 'unavailable'}: {item.reason}"
+        except Exception as error:  # a report, not a check: never stop the benchmark here
+            found[name] = f"unknown ({type(error).__name__}: {error})"
+    return found
+
+
+def oeq_record() -> dict[str, Any] | None:
+    from fastmace.oeq import runtime
+
+    record = runtime.record()
+    return None if record is None else asdict(record)
+
+
+# -- the benchmark -------------------------------------------------------------------------
+
+
+class Bench:
+    """The plan, the caches of converted models, the records and the output files."""
+
+    def __init__(self, args: argparse.Namespace, cases: list[Case]) -> None:
+        self.args = args
+        self.device: str = args.device
+        self.cuda = self.device.startswith("cuda")
+        self.cases = cases
+        self.records: list[dict[str, Any]] = [
+            {"id": c.id, "model": c.model, "atoms": c.atoms, "path": c.path,
+             "variant": c.variant, "label": c.label, "status": "pending"}
+            for c in cases
+        ]  # fmt: skip
+        now = time.monotonic()
+        self.started = now - process_age_s()
+        self.budget_end = self.started + args.budget_s
+        self.hard_end = self.budget_end + args.grace_s
+        self.out = Path(args.out)
+        self.meta: dict[str, Any] = {}
+        self.templates: dict[str, torch.nn.Module] = {}
+        self.loaded: dict[tuple[str, str], LoadedModel | str] = {}
+        self.calculators: dict[tuple[str, str], Any] = {}
+
+    # -- time --------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining(self) -> float:
+        return self.budget_end - time.monotonic()
+
+    def log(self, text: str) -> None:
+        print(f"[{self.elapsed():6.1f} s] {text}", flush=True)
+
+    def estimate_s(self, case: Case) -> float:
+        """A rough upper guess of a case's wall time, to skip what would not fit."""
+        target = self.args.target_s
+        large = case.atoms > LARGE_ATOMS
+        if case.path == "fastmace":
+            backend = FASTMACE_VARIANTS[case.variant][0]
+            cost = 3.0 + 2.0 * target + (8.0 if large else 0.0)
+            if (case.model, backend) not in self.loaded:
+                cost += 20.0 if case.model == "mh-1" else 12.0
+            return cost
+        cost = 3.0 + 1.5 * target + (10.0 if large else 0.0)
+        if "compile" in case.variant:
+            cost += 75.0
+        elif (case.model, case.variant) not in self.calculators:
+            cost += 8.0
+        return cost
+
+    # -- models ------------------------------------------------------------------------
+
+    def template(self, name: str) -> torch.nn.Module:
+        if name not in self.templates:
+            self.templates[name] = template(name, seed=SEED, dtype=torch.float64)
+        return self.templates[name]
+
+    def fastmace_model(self, name: str, backend: str) -> tuple[LoadedModel, float | None]:
+        """fastmace.load once per model and backend (a failure is remembered, not retried)."""
+        key = (name, backend)
+        if key in self.loaded:
+            cached = self.loaded[key]
+            if isinstance(cached, str):
+                raise RuntimeError(f"loading failed earlier: {cached}")
+            return cached, None
+        tick = time.perf_counter()
+        try:
+            loaded = load(
+                f"template:{name}", head=HEADS.get(name), backend=backend,
+                device=self.device, dtype=self.args.dtype, seed=SEED,
+            )  # fmt: skip
+        except Exception as error:
+            self.loaded[key] = f"{type(error).__name__}: {error}"
+            raise
+        synchronize(self.device)
+        self.loaded[key] = loaded
+        return loaded, time.perf_counter() - tick
+
+    def calculator(self, name: str, variant: str) -> tuple[Any, float | None]:
+        """A MACECalculator (kept per model and variant unless compiled)."""
+        key = (name, variant)
+        compiled = "compile" in variant
+        if key in self.calculators:
+            cached = self.calculators[key]
+            if isinstance(cached, str):
+                raise RuntimeError(f"building the calculator failed earlier: {cached}")
+            return cached, None
+        from mace.calculators import MACECalculator
+
+        dtype = {"float32": torch.float32, "float64": torch.float64}[self.args.dtype]
+        model = copy.deepcopy(self.template(name)).to(dtype)
+        extra = {"head": HEADS[name]} if name in HEADS else {}
+        tick = time.perf_counter()
+        try:
+            with contained():  # mace's converters change the default dtype: put it back
+                calc = MACECalculator(
+                    models=[model], device=self.device, default_dtype=self.args.dtype,
+                    **ASE_VARIANTS[variant], **extra,
+                )  # fmt: skip
+        except Exception as error:
+            if not compiled:
+                self.calculators[key] = f"{type(error).__name__}: {error}"
+            raise
+        synchronize(self.device)
+        if not compiled:
+            self.calculators[key] = calc
+        return calc, time.perf_counter() - tick
+
+    # -- FastMACE ----------------------------------------------------------------------
+
+    def predict_ms(self, case: Case, capture: bool) -> float:
+        """ms/step to expect: from the nearest measured size of the same model and capture
+        mode when there is one, else the first guess."""
+        measured = [
+            (r["atoms"], r["ms_per_step"]) for r in self.records
+            if r["status"] == "ok" and r["path"] == "fastmace" and r["model"] == case.model
+            and r.get("captured") == capture
+        ]  # fmt: skip
+        if measured:
+            atoms, ms = min(measured, key=lambda m: abs(math.log(m[0] / case.atoms)))
+            ratio = case.atoms / atoms
+            return ms * (ratio if ratio >= 1 else math.sqrt(ratio))  # smaller: sublinear
+        if not self.cuda:
+            return 100.0 + 2.0 * case.atoms
+        a, b = GUESS_MS.get(case.model, (2.0, 0.01))
+        return a + b * case.atoms + (0.0 if capture else EAGER_EXTRA_MS)
+
+    def run_fastmace(self, case: Case) -> dict[str, Any]:
+        backend, capture_setting = FASTMACE_VARIANTS[case.variant]
+        loaded, load_s = self.fastmace_model(case.model, backend)
+        capture = self.cuda if capture_setting is None else capture_setting
+        block = self.args.block_steps
+        if case.atoms > LARGE_ATOMS:
+            block = min(block, 20)
+        untimed = 2 if capture else 1  # warm-up block (+ the capture block)
+        predicted = None if self.args.quick else self.predict_ms(case, capture)
+        if predicted is None:
+            timed = 2
+        else:
+            block_s = predicted * block / 1000
+            budget = min(self.args.target_s, max(self.remaining() * 0.3, 1.0))
+            timed = min(max(math.ceil(budget / block_s), 3), 40)
+        settings = RunSettings(
+            ensemble=ensemble("nvt", temperature_K=TEMPERATURE_K, friction_per_ps=FRICTION_PER_PS),
+            steps=block * (untimed + timed),
+            timestep_fs=TIMESTEP_FS,
+            seed=SEED,
+            schedule=OutputSchedule(0, 0, 0),
+            initial_temperature_K=TEMPERATURE_K,
+            block_steps=block,
+            capture=capture_setting,
+        )
+        simulation = Simulation(
+            loaded, [nacl(case.atoms)], settings, output=None, progress=io.StringIO()
+        )
+        blocks: list[tuple[int, float, bool]] = []  # steps, seconds, redone after overflow
+        run_block = simulation.engine.run_block
+
+        def timed_block(steps: int | None = None) -> Any:
+            tick = time.perf_counter()
+            report = run_block(steps)  # ends with the engine's one host synchronisation
+            blocks.append((steps or block, time.perf_counter() - tick, report.rebuilt_capacity))
+            return report
+
+        simulation.engine.run_block = timed_block  # type: ignore[method-assign]
+        result = simulation.run()
+        excluded = set(range(untimed))
+        for index, (_, _, regrown) in enumerate(blocks):
+            if regrown:
+                excluded.update((index, index + 1))  # redone eagerly, recaptured next block
+        steady = [b for i, b in enumerate(blocks) if i not in excluded]
+        if not steady:
+            raise RuntimeError("no steady block left to time (neighbour-list regrowths)")
+        steady_steps = sum(s for s, _, _ in steady)
+        steady_s = sum(t for _, t, _ in steady)
+        per_block = sorted(1000 * t / s for s, t, _ in steady)
+        ms = 1000 * steady_s / steady_steps
+        thermo = result.thermo[0] if result.thermo else {}
+        return {
+            "ms_per_step": ms,
+            "steps_per_s": 1000 / ms,
+            "ns_per_day": ns_per_day(1000 / ms),
+            "captured": capture,
+            "backend": loaded.backend,
+            "block_steps": block,
+            "steps": result.steps,
+            "timed_steps": steady_steps,
+            "timed_s": steady_s,
+            "ms_per_step_best_block": per_block[0],
+            "ms_per_step_median_block": per_block[len(per_block) // 2],
+            "warmup_block_s": blocks[0][1],
+            "capture_block_s": blocks[1][1] if capture and len(blocks) > 1 else None,
+            "setup_s": result.timings.get("setup_s"),
+            "run_first_block_s": result.timings.get("first_block_s"),
+            "run_steps_per_s": result.timings.get("steps_per_s"),
+            "regrowths": simulation.engine.regrowths,
+            "final_temperature_K": thermo.get("temperature_K"),
+            "load_s": load_s,
+            "conversion_check": (
+                asdict(loaded.conversion_check) if loaded.conversion_check else None
+            ),
+            "predicted_ms_per_step": predicted,
+        }
+
+    # -- MACECalculator + ASE ----------------------------------------------------------
+
+    def run_ase(self, case: Case) -> dict[str, Any]:
+        calc, build_s = self.calculator(case.model, case.variant)
+        atoms = nacl(case.atoms)
+        rng = np.random.default_rng(SEED)
+        thermalize(atoms, TEMPERATURE_K, rng)
+        Stationary(atoms)
+        atoms.calc = calc
+        dynamics = Langevin(
+            atoms, TIMESTEP_FS * units.fs, temperature_K=TEMPERATURE_K,
+            friction=FRICTION_PER_PS * 1e-3 / units.fs, fixcm=False, rng=rng,
+        )  # fmt: skip
+        large = case.atoms > LARGE_ATOMS
+        quick = self.args.quick
+        warmup = 1 if quick else (2 if large else 3)
+        try:
+            synchronize(self.device)
+            tick = time.perf_counter()
+            dynamics.run(warmup)  # the first force call, kernel set-up, compilation
+            synchronize(self.device)
+            warmup_s = time.perf_counter() - tick
+            if quick:
+                steps = 3
+                probe_ms = None
+            else:
+                probe = 1 if large else 2
+                tick = time.perf_counter()
+                dynamics.run(probe)
+                synchronize(self.device)
+                probe_ms = 1000 * (time.perf_counter() - tick) / probe
+                budget = min(self.args.target_s, max(self.remaining() * 0.3, 1.0))
+                least, most = (3, 10) if large else (5, 50)
+                steps = min(max(math.ceil(1000 * budget / probe_ms), least), most)
+            synchronize(self.device)
+            tick = time.perf_counter()
+            dynamics.run(steps)
+            synchronize(self.device)
+            elapsed = time.perf_counter() - tick
+        finally:
+            atoms.calc = None
+            calc.reset()
+        ms = 1000 * elapsed / steps
+        return {
+            "ms_per_step": ms,
+            "steps_per_s": 1000 / ms,
+            "ns_per_day": ns_per_day(1000 / ms),
+            "timed_steps": steps,
+            "timed_s": elapsed,
+            "warmup_steps": warmup,
+            "warmup_s": warmup_s,
+            "probe_ms_per_step": probe_ms,
+            "build_s": build_s,
+            "final_temperature_K": float(atoms.get_temperature()),
+        }
+
+    # -- running -----------------------------------------------------------------------
+
+    def run_case(self, index: int) -> bool:
+        """Run case ``index``; False when the whole run must stop (hard time limit)."""
+        case, record = self.cases[index], self.records[index]
+        head = f"({index + 1}/{len(self.cases)}) {case.id}"
+        if self.args.quick and "compile" in case.variant and not self.args.quick_compile:
+            record.update(status="skipped", reason="torch.compile is left out of --quick")
+            self.log(f"{head}: skipped ({record['reason']})")
+            return True
+        need, left = self.estimate_s(case), self.remaining()
+        if left <= 0 or need > left:
+            why = "budget spent" if left <= 0 else f"needs ~{need:.0f} s, {left:.0f} s left"
+            record.update(status="skipped", reason=why)
+            self.log(f"{head}: skipped ({why})")
+            return True
+        self.log(f"{head}: running ({case.label}) ...")
+        free_memory(self.device)
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        limit = min(self.args.case_timeout_s, self.hard_end - time.monotonic())
+        tick = time.monotonic()
+        keep_going = True
+        try:
+            with time_limit(limit):
+                details = self.run_fastmace(case) if case.path == "fastmace" else self.run_ase(case)
+            record.update(status="ok", **details)
+        except CaseTimeout:
+            keep_going = time.monotonic() < self.hard_end - 1.0
+            record.update(
+                status="timeout",
+                error={"type": "CaseTimeout", "message": f"interrupted after {limit:.0f} s"},
+            )
+        except torch.cuda.OutOfMemoryError as error:
+            record.update(status="oom", error=error_record(error))
+        except Exception as error:
+            record.update(status="failed", error=error_record(error))
+        record["wall_s"] = time.monotonic() - tick
+        if self.cuda:
+            record["peak_memory_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+        free_memory(self.device)
+        if record["status"] == "ok":
+            self.log(
+                f"{head}: {fmt(record['ms_per_step'])} ms/step, "
+                f"{fmt(record['steps_per_s'])} steps/s ({record['timed_steps']} steps timed, "
+                f"case {record['wall_s']:.1f} s)"
+            )
+        else:
+            message = record["error"]["message"].splitlines()[0] if record["error"] else ""
+            self.log(f"{head}: {record['status'].upper()}: {record['error']['type']}: {message}")
+        return keep_going
+
+    def run(self) -> None:
+        for index in range(len(self.cases)):
+            if not self.run_case(index):
+                for record in self.records[index + 1 :]:
+                    record.update(status="skipped", reason="hard time limit reached")
+                self.write()
+                break
+            self.write()
+
+    # -- results -----------------------------------------------------------------------
+
+    def payload(self, complete: bool) -> dict[str, Any]:
+        return {
+            "benchmark": "md_speed",
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "settings": vars(self.args),
+            "conditions": {
+                "structure": f"rock-salt NaCl, a = {LATTICE_A} Å, cubic 8-atom cell repeated",
+                "ensemble": "Langevin NVT",
+                "temperature_K": TEMPERATURE_K,
+                "timestep_fs": TIMESTEP_FS,
+                "friction_per_ps": FRICTION_PER_PS,
+                "weights": f"fastmace.models.templates.template(name, seed={SEED})",
+                "heads": HEADS,
+            },
+            "environment": self.meta,
+            "elapsed_s": self.elapsed(),
+            "complete": complete,
+            "cases": self.records,
+        }
+
+    def table(self) -> str:
+        """The Markdown table: one block of lines per model and size, FastMACE first."""
+        rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        order = {key: i for i, key in enumerate(LABELS)}
+        ranked = sorted(
+            self.records,
+            key=lambda r: (
+                MODEL_ORDER.index(r["model"]) if r["model"] in MODEL_ORDER else 99,
+                r["atoms"],
+                order[(r["path"], r["variant"])],
+            ),
+        )
+        for record in ranked:
+            rows.setdefault((record["model"], record["atoms"]), []).append(record)
+        lines = [
+            "| model | atoms | path / variant | ms/step | steps/s | ns/day (1 fs) "
+            "| vs best MACECalculator | notes |",
+            "|---|---:|---|---:|---:|---:|---:|---|",
+        ]
+        for (model, atoms), records in rows.items():
+            ase_ms = [
+                r["ms_per_step"] for r in records if r["path"] == "ase" and r["status"] == "ok"
+            ]
+            best = min(ase_ms) if ase_ms else None
+            name = f"{model} ({HEADS[model]})" if model in HEADS else model
+            for r in records:
+                ok = r["status"] == "ok"
+                ms = r.get("ms_per_step") if ok else None
+                speedup = f"{best / ms:.2f}x" if ok and best and ms else "—"
+                cells = [
+                    name,
+                    f"{atoms:,}",
+                    r["label"],
+                    fmt(ms),
+                    fmt(r.get("steps_per_s") if ok else None),
+                    fmt(r.get("ns_per_day") if ok else None),
+                    speedup,
+                    self._note(r),
+                ]
+                lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    @staticmethod
+    def _note(record: dict[str, Any]) -> str:
+        status = record["status"]
+        if status == "ok" and record["path"] == "fastmace":
+            graphs = "CUDA graphs" if record.get("captured") else "no graphs"
+            note = f"{graphs}, K={record['block_steps']}, {record['timed_steps']} steps timed"
+            if record.get("run_steps_per_s"):
+                note += f"; run(): {fmt(record['run_steps_per_s'])} steps/s"
+            if record.get("regrowths"):
+                note += f"; {record['regrowths']} neighbour-list regrowth(s)"
+            return note
+        if status == "ok":
+            return f"{record['timed_steps']} steps timed"
+        if status in ("skipped", "pending"):
+            return f"{status}" + (f": {record['reason']}" if record.get("reason") else "")
+        error = record.get("error") or {}
+        first = (error.get("message") or "").splitlines()[0:1]
+        text = f"{status.upper()}: {error.get('type', '')}: {first[0] if first else ''}"
+        text = text if len(text) <= 110 else text[:107] + "..."
+        return text.replace("|", "\\|")
+
+    def markdown(self, complete: bool) -> str:
+        env = self.meta
+        gpu = env.get("gpu", {})
+        device = (
+            f"{gpu.get('name')} (driver {gpu.get('driver')}, CUDA {gpu.get('torch_cuda')})"
+            if gpu.get("available") and self.cuda
+            else self.device
+        )
+        versions = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items())
+        header = [
+            "# MD speed: FastMACE vs MACECalculator + ASE",
+            "",
+            f"Device: {device}. {versions}.",
+            f"Langevin NVT, {TEMPERATURE_K:g} K, {TIMESTEP_FS:g} fs, friction "
+            f"{FRICTION_PER_PS:g}/ps, {self.args.dtype}, NaCl rock salt; template weights "
+            f"(seed {SEED}). Command: `{' '.join(sys.argv)}`. Elapsed {self.elapsed():.0f} s"
+            + ("" if complete else " (incomplete)")
+            + ".",
+            "",
+        ]
+        return "\n".join(header) + self.table() + "\n"
+
+    def write(self, complete: bool = False) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        atomic_write(
+            self.out / "md_speed.json",
+            json.dumps(_finite(self.payload(complete)), indent=2, default=str) + "\n",
+        )
+        atomic_write(self.out / "md_speed.md", self.markdown(complete))
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities become None, so that the file is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="MD speed, side by side: FastMACE vs mace-torch's MACECalculator + ASE.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--out",
+        default=os.environ.get("OUT") or str(Path(__file__).resolve().parent / "results"),
+        help="directory for md_speed.json and md_speed.md (default: $OUT, else benchmarks/results)",
+    )
+    options: list[tuple[str, type, Any, str]] = [
+        ("--budget-s", float, 450.0, "wall-clock budget from process start; then skip cases"),
+        ("--grace-s", float, 20.0, "a case still running at budget + grace is interrupted"),
+        ("--case-timeout-s", float, 180.0, "interrupt any single case after this long"),
+        ("--target-s", float, 3.0, "seconds of timed steady-state steps per case"),
+        ("--block-steps", int, None, "FastMACE's K (default 50; 5 with --quick)"),
+        ("--only", str, "", "comma-separated substrings: run only cases whose id has one"),
+    ]
+    for flag, kind, default, text in options:
+        parser.add_argument(flag, type=kind, default=default, help=text)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny dry run (mp0-small on 64 atoms, a few steps)"
+    )
+    parser.add_argument(
+        "--quick-compile",
+        action="store_true",
+        help="with --quick, also try torch.compile (slow on a CPU)",
+    )
+    parser.add_argument("--list", action="store_true", help="print the plan and exit")
+    args = parser.parse_args(argv)
+    if not args.out:  # --out "" (an unset $OUT): the default, not the current directory
+        args.out = os.environ.get("OUT") or str(Path(__file__).resolve().parent / "results")
+    if args.block_steps is None:
+        args.block_steps = 5 if args.quick else 50
+    return args
+
+
+def select(cases: list[Case], only: str) -> list[Case]:
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    return [c for c in cases if not wanted or any(w in c.id for w in wanted)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for message in _NOISY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    cases = select(quick_plan() if args.quick else full_plan(), args.only)
+    if args.list:
+        for index, case in enumerate(cases, 1):
+            print(f"{index:2d}. {case.id:40s} {case.label}")
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device here: use --device cpu (with --quick for a dry run)", flush=True)
+        return 2
+    bench = Bench(args, cases)
+    bench.log(f"md_speed: {len(cases)} cases on {args.device}, budget {args.budget_s:.0f} s")
+    tick = time.perf_counter()
+    import_mace()  # through FastMACE's runtime, which prepares OpenEquivariance's extension
+    from mace.calculators import MACECalculator  # noqa: F401  (import time kept out of cases)
+
+    bench.meta = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "gpu": gpu_info(),
+        "packages": package_versions(),
+        "git_commit": git_commit(),
+        "fastmace_backends": fastmace_backends(args.device),
+        "oeq_extension": oeq_record(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "import_mace_s": time.perf_counter() - tick,
+    }
+    gpu = bench.meta["gpu"]
+    if gpu.get("available") and bench.cuda:
+        bench.log(f"GPU: {gpu['name']}, driver {gpu['driver']}, CUDA {gpu['torch_cuda']}")
+    bench.log("versions: " + ", ".join(f"{k} {v}" for k, v in bench.meta["packages"].items()))
+    bench.log("FastMACE backends: " + "; ".join(
+        f"{k}: {v}" for k, v in bench.meta["fastmace_backends"].items()))  # fmt: skip
+    bench.write()
+    complete = False
+    try:
+        bench.run()
+        complete = True
+    finally:
+        bench.meta["float32_matmul_precision_after"] = torch.get_float32_matmul_precision()
+        bench.write(complete=complete)
+        print("\n" + bench.markdown(complete), flush=True)
+        bench.log(f"results in {bench.out / 'md_speed.json'} and {bench.out / 'md_speed.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
