@@ -189,6 +189,20 @@ def check_conversion(
     )
 
 
+def select_head(model: torch.nn.Module, head: str) -> torch.nn.Module:
+    """A single-head copy of a multi-head ``model`` keeping ``head`` (mace-torch's own
+    ``remove_pt_head``, as ``mace_select_head`` does). The copy computes the same energies
+    with less work, and avoids mace's per-head masking, which cannot be captured in a CUDA
+    graph (it writes a host scalar into a device tensor)."""
+    import_mace()
+    from mace.tools.scripts_utils import remove_pt_head
+
+    with contained():
+        torch.set_default_dtype(model_dtype(model))  # mace builds the copy in the default dtype
+        single = remove_pt_head(copy.deepcopy(model).to("cpu"), head)
+    return single.to(model_dtype(model)).eval()
+
+
 def convert_checked(
     model: torch.nn.Module,
     backend: str,

@@ -205,6 +205,18 @@ def _convert(
     dtype: torch.dtype | None,
     head: str,
 ) -> tuple[torch.nn.Module, backends.ConversionCheck | None]:
+    heads = list(getattr(reference, "heads", None) or [])
+    if len(heads) > 1:
+        # One head runs: keep only it, then convert and check against the full model.
+        single = backends.select_head(reference, head)
+        converted = backends.convert(single, backend, device, dtype)
+        check = backends.check_conversion(reference, converted, backend, head)
+        if not check.passed:
+            raise backends.ConversionCheckError(
+                f"the single-head {backend} model for head {head!r} disagrees with the "
+                f"multi-head e3nn model: {check}"
+            )
+        return converted, check
     if backend == "e3nn":
         return backends.convert(reference, "e3nn", device, dtype), None
     return backends.convert_checked(reference, backend, device, dtype, head)
