@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import sys
 import traceback
 from collections.abc import Callable, Mapping
@@ -31,6 +29,7 @@ from fastmace.oeq import toolchain
 from fastmace.oeq.choice import PREBUILT, UNAVAILABLE, choose_host_extension
 from fastmace.runtime import environment
 from fastmace.runtime.cache import CacheLocationError, check_cache_root, locate_cache_root
+from fastmace.runtime.driver import nvidia_driver_version
 from fastmace.runtime.mounts import Mount, nfs_mount_of, read_mount_table
 from fastmace.runtime.stale_locks import find_stale_locks, removal_command
 from fastmace.runtime.startup import RuntimeInfo, file_lock_problems
@@ -78,26 +77,11 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def _driver_version() -> str | None:
-    nvidia_smi = shutil.which("nvidia-smi")
-    if nvidia_smi is None:
-        return None
-    try:
-        result = subprocess.run(
-            [nvidia_smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    versions = sorted(set(result.stdout.split()))
-    return ", ".join(versions) if result.returncode == 0 and versions else None
-
-
 def check_gpu(ctx: DoctorContext) -> str:
     if _version("torch") is None:
         raise CheckFailed("torch is not installed, so no GPU can be used: install torch first")
     torch = ctx.torch
-    driver = _driver_version()
+    driver = nvidia_driver_version()
     driver_text = f"driver {driver}" if driver else "no driver found by nvidia-smi"
     if not torch.cuda.is_available():
         raise CheckFailed(

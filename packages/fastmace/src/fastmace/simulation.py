@@ -153,7 +153,30 @@ class Simulation:
             block_steps=self.block_steps,
             capture=settings.capture,
         )
+        self.structures = list(structures)
         self.timings = {"setup_s": time.perf_counter() - started}
+        self._write_metadata("running")
+
+    def _write_metadata(self, status: str, error: str | None = None) -> None:
+        if self.output is None:
+            return
+        from fastmace.provenance import run_metadata
+
+        neighbours = self.engine.force_field.neighbours
+        engine = {
+            "device": str(self.engine.md.state.device),
+            "block_steps": self.block_steps,
+            "capture": self.engine.capture,
+            "edge_capacity": neighbours.capacity,
+            "neighbour_method": neighbours.method,
+            "regrowths": self.engine.regrowths,
+        }
+        timings = {k: v for k, v in self.timings.items() if math.isfinite(v)}
+        document = run_metadata(
+            model=self.model, structures=self.structures, settings=self.settings,
+            engine=engine, status=status, timings=timings, error=error,
+        )  # fmt: skip
+        self.output.write_metadata(document)
 
     def _initial_md(self, state: State, force_field: ForceField) -> Any:
         """The integrator's start; the first forces are recomputed until the list fits."""
@@ -274,6 +297,11 @@ class Simulation:
                 step += steps
                 rows = self._write_outputs(step, final=step == total) or rows
                 progress.update(step)
+        except BaseException as error:
+            self._write_metadata("failed", f"{type(error).__name__}: {error}")
+            if self.output is not None:
+                self.output.close()  # what was written stays; the last restart is intact
+            raise
         finally:
             progress.close()
         if not rows:
@@ -300,6 +328,7 @@ class Simulation:
             ensemble=settings.ensemble.describe(),
         )
         if self.output is not None:
+            self._write_metadata("finished")
             self.output.write_report(result.summary() + "\n")
             self.output.close()
         return result

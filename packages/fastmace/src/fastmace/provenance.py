@@ -1,0 +1,201 @@
+"""``metadata.json``: what ran, with which software, on what, and how fast.
+
+Every run with an output directory writes it when the run starts (``status: running``), and
+again when it ends (``finished`` or ``failed``, with the error). The layout is described by
+``schemas/metadata.schema.json`` (shipped in the package); tests validate real runs against it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ase
+import numpy as np
+import torch
+
+import fastmace
+from fastmace.oeq import runtime as oeq_runtime
+from fastmace.runtime import environment
+from fastmace.runtime.driver import nvidia_driver_version
+
+if TYPE_CHECKING:
+    from fastmace.models.load import LoadedModel
+    from fastmace.simulation import RunSettings
+
+SCHEMA_VERSION = 1
+SCHEMA = Path(__file__).with_name("schemas") / "metadata.schema.json"
+# Distributions whose versions decide what ran.
+DISTRIBUTIONS = (
+    "torch", "mace-torch", "e3nn", "cuequivariance", "cuequivariance-torch",
+    "cuequivariance-ops-torch-cu13", "cuequivariance-ops-cu13", "openequivariance",
+    "fastmace-oeq-ext", "ase", "numpy", "h5py",
+)  # fmt: skip
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def checkout_state() -> dict[str, Any]:
+    """The git commit of the FastMACE checkout this package runs from, if it is one."""
+    package = Path(fastmace.__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(package), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+        if commit.returncode != 0:
+            return {"kind": "installed"}
+        status = subprocess.run(
+            ["git", "-C", str(package), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {"kind": "installed"}
+    return {
+        "kind": "checkout",
+        "commit": commit.stdout.strip(),
+        "modified": bool(status.stdout.strip()),
+    }
+
+
+def software() -> dict[str, Any]:
+    versions = {name: _version(name) for name in DISTRIBUTIONS}
+    record = oeq_runtime.record()
+    return {
+        "fastmace": {"version": fastmace.__version__, **checkout_state()},
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "packages": versions,
+        "oeq_extension": record.as_dict() if record is not None else None,
+        "oeq_runtime": (
+            f"stand-in CUDA home {record.cuda_home}; cpp_extension.load answered for "
+            f"libtorch_tp_jit during mace's import; {record.summary()}"
+            if record is not None
+            else None
+        ),
+    }
+
+
+def device_record(device: str) -> dict[str, Any]:
+    record: dict[str, Any] = {"device": device, "driver": nvidia_driver_version()}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        properties = torch.cuda.get_device_properties(index)
+        record.update(
+            name=properties.name,
+            capability=f"{properties.major}.{properties.minor}",
+            memory_GiB=round(properties.total_memory / 2**30, 1),
+        )
+    return record
+
+
+def model_record(model: LoadedModel) -> dict[str, Any]:
+    return {
+        "name": model.name,
+        "label": model.checkpoint.id if model.checkpoint else None,
+        "file": str(model.file.path) if model.file else None,
+        "sha256": model.file.sha256 if model.file else None,
+        "head": model.head,
+        "head_functional": model.head_functional,
+        "dtype": model.dtype,
+        "backend": model.backend,
+        "backend_reason": model.backend_reason,
+        "licence": model.licence,
+        "content_hash": model.description.content_hash,
+        "r_max": model.description.r_max,
+        "conversion_check": (
+            dataclasses.asdict(model.conversion_check) if model.conversion_check else None
+        ),
+    }
+
+
+def structure_hash(atoms: ase.Atoms) -> str:
+    """SHA-256 over species, positions, cell and periodicity (float64, little-endian)."""
+    digest = hashlib.sha256()
+    digest.update(np.ascontiguousarray(atoms.get_atomic_numbers(), dtype="<i8").tobytes())
+    digest.update(np.ascontiguousarray(atoms.get_positions(), dtype="<f8").tobytes())
+    digest.update(np.ascontiguousarray(np.asarray(atoms.get_cell()), dtype="<f8").tobytes())
+    digest.update(np.ascontiguousarray(atoms.get_pbc(), dtype="u1").tobytes())
+    return digest.hexdigest()
+
+
+def structures_record(structures: Sequence[ase.Atoms]) -> list[dict[str, Any]]:
+    return [
+        {
+            "formula": atoms.get_chemical_formula(),
+            "atoms": len(atoms),
+            "cell": np.asarray(atoms.get_cell()).tolist(),
+            "pbc": [bool(p) for p in atoms.get_pbc()],
+            "sha256": structure_hash(atoms),
+        }
+        for atoms in structures
+    ]
+
+
+def settings_record(settings: RunSettings) -> dict[str, Any]:
+    return {
+        "ensemble": settings.ensemble.name,
+        "ensemble_settings": dict(settings.ensemble.settings),
+        "steps": settings.steps,
+        "timestep_fs": settings.timestep_fs,
+        "seed": settings.seed,
+        "initial_temperature_K": settings.initial_temperature_K,
+        "schedule": dataclasses.asdict(settings.schedule),
+        "block_steps": settings.block_steps,
+        "skin_A": settings.skin_A,
+        "capture": settings.capture,
+        "trajectory_format": settings.trajectory_format,
+    }
+
+
+def environment_record() -> dict[str, Any]:
+    """The variables FastMACE reads (their values now) and what it set in this process."""
+    return {
+        "read": {variable.name: os.environ.get(variable.name) for variable in environment.READ},
+        "changes": [dataclasses.asdict(change) for change in environment.changes()],
+    }
+
+
+def run_metadata(
+    *,
+    model: LoadedModel,
+    structures: Sequence[ase.Atoms],
+    settings: RunSettings,
+    engine: dict[str, Any],
+    status: str,
+    timings: dict[str, float],
+    error: str | None = None,
+) -> dict[str, Any]:
+    """The whole ``metadata.json`` document."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "status": status,
+        "error": error,
+        "software": software(),
+        "device": device_record(model.device),
+        "model": model_record(model),
+        "structures": structures_record(structures),
+        "settings": settings_record(settings),
+        "engine": engine,
+        "runtime_info": dataclasses.asdict(fastmace.runtime_info()),
+        "environment": environment_record(),
+        "seed": settings.seed,
+        "timings": timings,
+    }

@@ -1,0 +1,89 @@
+"""metadata.json of real CPU runs: valid against the shipped schema, and complete."""
+
+from __future__ import annotations
+
+import json
+
+import ase.build
+import jsonschema
+import numpy as np
+import pytest
+
+from fastmace.io import OutputSchedule
+from fastmace.md.engine import SimulationError
+from fastmace.md.ensembles import ensemble
+from fastmace.models.label_table import find_checkpoint
+from fastmace.models.load import load
+from fastmace.provenance import SCHEMA, structure_hash
+from fastmace.simulation import RunSettings, Simulation
+
+
+@pytest.fixture(scope="module")
+def schema():
+    document = json.loads(SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(document)
+    return document
+
+
+def copper() -> ase.Atoms:
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
+    atoms.rattle(0.02, seed=3)
+    return atoms
+
+
+def settings(**changes) -> RunSettings:
+    values = dict(
+        ensemble=ensemble("nvt", temperature_K=300.0),
+        steps=10,
+        timestep_fs=2.0,
+        seed=42,
+        schedule=OutputSchedule(5, 5, 10),
+        initial_temperature_K=300.0,
+        block_steps=5,
+    )
+    values.update(changes)
+    return RunSettings(**values)
+
+
+def test_finished_run_metadata_is_valid_and_complete(schema, tmp_path):
+    atoms = copper()
+    Simulation(load("demo-emt-cu"), [atoms], settings(), tmp_path / "run").run()
+    document = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    jsonschema.validate(document, schema)
+    assert document["status"] == "finished" and document["error"] is None
+    software = document["software"]
+    assert software["packages"]["mace-torch"] == "0.3.16"
+    assert software["torch"].startswith(software["packages"]["torch"].split("+")[0])
+    assert software["fastmace"]["kind"] in ("checkout", "installed")
+    model = document["model"]
+    assert (
+        model["label"] == "demo-emt-cu" and model["sha256"] == find_checkpoint("demo-emt-cu").sha256
+    )
+    assert model["licence"] and model["head"] == "Default" and model["dtype"] == "float64"
+    (structure,) = document["structures"]
+    assert structure["formula"] == "Cu8" and structure["sha256"] == structure_hash(atoms)
+    assert document["settings"]["ensemble"] == "nvt-langevin"
+    assert document["settings"]["ensemble_settings"] == {"temperature_K": 300.0}
+    assert document["seed"] == 42 and document["timings"]["steps_per_s"] > 0
+    assert document["engine"]["capture"] is False and document["engine"]["regrowths"] == 0
+    assert "FASTMACE_CACHE" in document["environment"]["read"]
+    assert document["runtime_info"]["lock_mode"] in ("soft", "kernel")
+    # The OEq runtime prepared this process (or OEq is absent): its record is there either way.
+    record = software["oeq_extension"]
+    assert record is None or record["summary"].startswith("host extension:")
+
+
+def test_failed_run_records_the_error(schema, tmp_path):
+    atoms = copper()
+    velocities = np.zeros((len(atoms), 3))
+    velocities[0, 0] = np.inf
+    atoms.set_velocities(velocities)
+    run = Simulation(
+        load("demo-emt-cu"), [atoms],
+        settings(ensemble=ensemble("nve"), initial_temperature_K=None), tmp_path / "run",
+    )  # fmt: skip
+    with pytest.raises(SimulationError):
+        run.run()
+    document = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    jsonschema.validate(document, schema)
+    assert document["status"] == "failed" and "blew up" in document["error"]
