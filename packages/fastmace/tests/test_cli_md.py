@@ -16,7 +16,7 @@ def test_md_writes_a_run_directory_and_refuses_to_overwrite_it(clean_env, tmp_pa
             "--thermo-every", "5", "--traj-every", "5", "--output", str(run)]  # fmt: skip
     first = run_fastmace(args, clean_env)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert "10 steps of nvt-langevin" in first.stdout
+    assert "FastMACE run report" in first.stdout and "nvt-langevin" in first.stdout
     rows = list(csv.DictReader((run / "thermo.csv").open()))
     assert [int(r["step"]) for r in rows] == [0, 5, 10]
     second = run_fastmace(args, clean_env)

@@ -79,6 +79,7 @@ def md(
     capture: bool | None = None,
     resume: bool = False,
     progress: TextIO | None = None,
+    check: str | None = None,
     **ensemble_settings: Any,
 ) -> MDResult:
     """Run MD of ``structure`` with ``model`` and return the result (summary, final structures).
@@ -93,7 +94,14 @@ def md(
     ``model`` is a label (its file must be present: ``fastmace models fetch`` downloads; this
     function never does), ``template:NAME`` or a path. With ``output`` the run writes a run
     directory (docs/output.md), which is never overwritten; ``resume=True`` continues it.
+
+    ``check="gate"`` compares the model as the engine runs it with mace-torch's float64 e3nn
+    model on the structure (the first of a batch; the cell before ``repeat`` when the
+    supercell is large), in a child process, before the run; a backend that fails is replaced
+    by the next one (hybrid -> cuEq -> e3nn) and the failure recorded.
     """
+    if check not in (None, "gate"):
+        raise ValueError(f"check must be None or 'gate', got {check!r}")
     unknown = sorted(set(ensemble_settings) - set(ENSEMBLE_SETTINGS))
     if unknown:
         raise TypeError(
@@ -106,6 +114,7 @@ def md(
     from fastmace.simulation import RunSettings, Simulation
 
     chosen = make_ensemble(ensemble, **ensemble_settings)
+    units = read_structures(structure)
     structures = read_structures(structure, repeat)
     if initial_temperature_K is None and not resume:
         has_velocities = any(abs(atoms.get_velocities()).max() > 0 for atoms in structures)
@@ -127,5 +136,15 @@ def md(
         model, head=head, checkpoint=checkpoint, download=False, backend=backend,
         device=device or _default_device(), dtype=dtype, seed=seed,
     )  # fmt: skip
-    simulation = Simulation(loaded, structures, settings, output, resume=resume, progress=progress)
+    gate, fallbacks = None, []
+    if check == "gate":
+        from fastmace.planner.fallback import gate_with_fallback
+        from fastmace.planner.gate import gate_structure
+
+        gated = gate_with_fallback(loaded, gate_structure(structures[0], units[0]))
+        loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
+    simulation = Simulation(
+        loaded, structures, settings, output, resume=resume, progress=progress,
+        gate=gate, fallbacks=fallbacks,
+    )  # fmt: skip
     return simulation.run()

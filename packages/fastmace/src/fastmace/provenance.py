@@ -181,6 +181,8 @@ def run_metadata(
     status: str,
     timings: dict[str, float],
     error: str | None = None,
+    gate: dict[str, Any] | None = None,
+    fallbacks: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The whole ``metadata.json`` document."""
     return {
@@ -194,6 +196,8 @@ def run_metadata(
         "structures": structures_record(structures),
         "settings": settings_record(settings),
         "engine": engine,
+        "gate": gate,
+        "fallbacks": list(fallbacks),
         "runtime_info": dataclasses.asdict(fastmace.runtime_info()),
         "environment": environment_record(),
         "seed": settings.seed,

@@ -75,6 +75,8 @@ class MDResult:
     timings: dict[str, float]
     model: str
     ensemble: str
+    report: str = ""
+    """The final report: one screen (also saved as report.txt)."""
 
     def summary(self) -> str:
         speed = self.timings.get("steps_per_s", float("nan"))
@@ -104,8 +106,12 @@ class Simulation:
         *,
         resume: bool = False,
         progress: TextIO | None = None,
+        gate: Any = None,
+        fallbacks: Sequence[dict[str, Any]] = (),
     ) -> None:
         started = time.perf_counter()
+        self.gate = gate  # a fastmace.planner.gate.GateResult, when the run was checked
+        self.fallbacks = list(fallbacks)
         check_structures(structures, model.description.atomic_numbers)
         self.model = model
         self.settings = settings
@@ -170,11 +176,14 @@ class Simulation:
             "edge_capacity": neighbours.capacity,
             "neighbour_method": neighbours.method,
             "regrowths": self.engine.regrowths,
+            "capture_failure": self.engine.capture_failure,
         }
         timings = {k: v for k, v in self.timings.items() if math.isfinite(v)}
         document = run_metadata(
             model=self.model, structures=self.structures, settings=self.settings,
             engine=engine, status=status, timings=timings, error=error,
+            gate=self.gate.to_dict() if self.gate is not None else None,
+            fallbacks=self.fallbacks,
         )  # fmt: skip
         self.output.write_metadata(document)
 
@@ -327,11 +336,53 @@ class Simulation:
             model=self.model.name,
             ensemble=settings.ensemble.describe(),
         )
+        result.report = self._report(result)
         if self.output is not None:
             self._write_metadata("finished")
-            self.output.write_report(result.summary() + "\n")
+            self.output.write_report(result.report)
             self.output.close()
         return result
+
+    def _report(self, result: MDResult) -> str:
+        """One screen: model, structure, run, engine, gate, speed, final state, output."""
+        model, settings, engine = self.model, self.settings, self.engine
+        neighbours = engine.force_field.neighbours
+        formulas = ", ".join(
+            f"{a.get_chemical_formula()} ({len(a)} atoms)" for a in self.structures[:4]
+        )
+        if len(self.structures) > 4:
+            formulas += f" and {len(self.structures) - 4} more"
+        graphs = "CUDA graphs" if engine.capture else "no CUDA graphs"
+        if engine.capture_failure:
+            graphs += f" (capture failed: {engine.capture_failure})"
+        gate = self.gate.summary() if self.gate is not None else "not run (fm.md check='gate')"
+        lines = [
+            "FastMACE run report",
+            f"model:     {model.summary()}",
+            f"backend:   {model.backend}: {model.backend_reason}",
+            f"structure: {formulas}",
+            f"run:       {settings.ensemble.describe()}, {result.steps} steps of "
+            f"{settings.timestep_fs} fs, seed {settings.seed}",
+            f"engine:    {self.block_steps} steps per launch, {graphs}, edge capacity "
+            f"{neighbours.capacity} ({neighbours.method}), list regrown {engine.regrowths}x",
+            f"gate:      {gate}",
+        ]
+        for failure in self.fallbacks:
+            lines.append(f"fallback:  {failure['backend']} was not used: {failure['reason']}")
+        speed = result.timings.get("steps_per_s", float("nan"))
+        lines.append(
+            f"speed:     {speed:.1f} steps/s, {result.timings.get('ns_per_day', float('nan')):.3f}"
+            f" ns/day (setup {result.timings.get('setup_s', 0.0):.1f} s)"
+        )
+        if result.thermo:
+            last = result.thermo[0]
+            state = f"T = {last.get('temperature_K', float('nan')):.1f} K"
+            if last.get("pressure_GPa") is not None:
+                state += f", P = {last['pressure_GPa']:.3f} GPa"
+            lines.append(f"final:     {state}, E_pot = {last.get('potential_energy_eV'):.4f} eV")
+        lines.append(f"output:    {result.output if result.output else 'none (no directory)'}")
+        lines.append(f"licence:   the weights are under {model.licence}")
+        return "\n".join(lines) + "\n"
 
 
 def _state_from_restart(state: State, payload: dict[str, Any]) -> State:

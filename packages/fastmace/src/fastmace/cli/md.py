@@ -21,7 +21,7 @@ RUN_KEYS = (
     "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
     "repeat", "initial_temperature_K", "trajectory_every", "thermo_every", "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "block_steps", "skin_A",
-    "capture", "resume",
+    "capture", "resume", "check",
 )  # fmt: skip
 
 
@@ -60,6 +60,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     md.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     md.add_argument("--dtype", help="float32 or float64 (default: the model's)")
     md.add_argument("--backend", default="auto", help="auto, e3nn, cueq, oeq, hybrid")
+    md.add_argument(
+        "--check", action="store_const", const="gate", dest="check",
+        help="compare with mace-torch's float64 model on the structure before running",
+    )  # fmt: skip
     md.set_defaults(handler=_md)
 
     run = commands.add_parser("run", help="run MD described by a TOML file (docs/md.md)")
@@ -78,7 +82,7 @@ def _execute(settings: dict[str, Any]) -> int:
     if not settings.get("output"):
         settings["output"] = _default_output(str(structure))
     result = fastmace.md(structure, **settings)
-    print(result.summary())
+    print(result.report, end="")
     return 0
 
 

@@ -129,6 +129,7 @@ class Engine:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.warmed_up = False  # a graph is captured after one eager block (the warm-up)
         self.last_launch = ""  # "eager", "capture" or "replay": what the last block did
+        self.capture_failure: str | None = None  # why graphs were given up, if they were
         self.steps_done = 0
         self.regrowths = 0
 
@@ -164,7 +165,16 @@ class Engine:
         elif self.capture and self.warmed_up:
             self.last_launch = "replay"
             if self.graph is None:
-                self._capture()  # capturing records the work without running it
+                try:
+                    self._capture()  # capturing records the work without running it
+                except RuntimeError as error:
+                    # Fallback: graphs -> no graphs, recorded (report, metadata.json).
+                    self.capture_failure = f"{type(error).__name__}: {error}"[:500]
+                    self.capture = False
+                    self.graph = None
+                    self._run_eager()
+                    self.last_launch = "eager"
+                    return
                 self.last_launch = "capture"
             assert self.graph is not None
             self.graph.replay()

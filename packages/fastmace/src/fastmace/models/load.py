@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -51,6 +51,8 @@ class LoadedModel:
     file: ModelFile | None
     licence: str
     conversion_check: backends.ConversionCheck | None
+    origin: dict = field(default_factory=dict)
+    """The arguments of :func:`load` that give these weights again (for a child process)."""
 
     def summary(self) -> str:
         """One line for logs and reports."""
@@ -164,6 +166,11 @@ def load(
         name, licence, functional = str(path), "unknown (your file)", None
     description = describe(reference)
     head = _resolve_head(head, description)
+    origin: dict = {"model": text, "head": head, "seed": seed}
+    if file is not None:
+        origin.update(checkpoint=str(file.path), sha256=file.sha256, trusted=not file.verified)
+        if checkpoint_entry is None:
+            origin["model"] = str(file.path)
     converted, check = _convert(reference, chosen, device, want_dtype, head)
     return LoadedModel(
         module=converted,
@@ -180,6 +187,7 @@ def load(
         file=file,
         licence=licence,
         conversion_check=check,
+        origin=origin,
     )
 
 

@@ -1,0 +1,63 @@
+"""Fallback: if a plan's backend fails the gate, try the next one, recording every failure.
+
+The order is hybrid -> cuEq -> e3nn (fastest first); a candidate is only tried when it is
+available on the device. A run never silently uses a backend that failed: the failures go
+into the report and metadata.json, and if nothing passes, :class:`GateError` lists them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import ase
+
+from fastmace.models.backends import availability
+from fastmace.models.load import LoadedModel, load
+from fastmace.planner.gate import GateError, GateResult, run_gate
+
+BACKEND_ORDER = ("hybrid", "cueq", "e3nn")
+
+
+@dataclass
+class GatedModel:
+    """The model that passed, its gate result, and the candidates that failed before it."""
+
+    model: LoadedModel
+    gate: GateResult
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _later_candidates(backend: str, device: str) -> list[str]:
+    start = BACKEND_ORDER.index(backend) + 1 if backend in BACKEND_ORDER else 0
+    return [b for b in BACKEND_ORDER[start:] if availability(b, device).available]
+
+
+def _reload(model: LoadedModel, backend: str) -> LoadedModel:
+    origin = model.origin
+    return load(
+        origin["model"], head=origin.get("head"), checkpoint=origin.get("checkpoint"),
+        sha256=origin.get("sha256"), trusted=bool(origin.get("trusted", False)),
+        seed=int(origin.get("seed", 0)), backend=backend, device=model.device,
+        dtype=model.dtype,
+    )  # fmt: skip
+
+
+def gate_with_fallback(model: LoadedModel, atoms: ase.Atoms) -> GatedModel:
+    """The first of ``model``'s backend and the slower ones after it that passes the gate."""
+    failures: list[dict[str, Any]] = []
+    candidates = [model.backend, *_later_candidates(model.backend, model.device)]
+    for backend in candidates:
+        try:
+            current = model if backend == model.backend else _reload(model, backend)
+            result = run_gate(current, atoms)
+        except Exception as error:  # a candidate that cannot even be built or checked
+            failures.append({"backend": backend, "reason": f"{type(error).__name__}: {error}"})
+            continue
+        if result.passed:
+            return GatedModel(current, result, failures)
+        failures.append({"backend": backend, "reason": result.summary()})
+    raise GateError(
+        "no backend passed the gate against mace-torch's float64 e3nn model: "
+        + "; ".join(f"{f['backend']}: {f['reason']}" for f in failures)
+    )

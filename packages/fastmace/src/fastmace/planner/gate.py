@@ -1,0 +1,190 @@
+"""The gate: the plan's energy, forces and stress against mace-torch's float64 e3nn model.
+
+``run_gate`` evaluates the loaded (converted) model through FastMACE's own potential on the
+user's structure, asks a child process for mace-torch's reference on the same structure
+(:mod:`fastmace.planner.gate_child`, scratch in ``<cache>/gate-*``, removed when it ends),
+and compares: the largest and RMS error of each quantity against tolerances for the plan's
+dtype. ``fm.md(check="gate")`` and ``fastmace md --check`` use it, and fall back to the next
+backend when it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import ase
+import ase.io
+import numpy as np
+import torch
+
+import fastmace
+from fastmace.md.neighbours import NeighbourList
+from fastmace.md.potential import Potential
+from fastmace.md.state import State
+from fastmace.models.backends import rounding_tolerances
+from fastmace.models.load import LoadedModel
+from fastmace.runtime.cache import scratch_dir
+
+CHILD_TIMEOUT_S = 3600
+# Structures above this size are checked on the cell they were repeated from, when known.
+MAX_GATE_ATOMS = 4096
+
+
+class GateError(RuntimeError):
+    """No candidate plan passed the gate."""
+
+
+@dataclass(frozen=True)
+class QuantityError:
+    """How far one quantity is from the reference."""
+
+    max: float
+    rms: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return math.isfinite(self.max) and self.max <= self.tolerance
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The comparison of one plan with the reference on one structure."""
+
+    backend: str
+    dtype: str
+    device: str
+    atoms: int
+    formula: str
+    energy_eV: QuantityError
+    forces_eV_per_A: QuantityError
+    stress_eV_per_A3: QuantityError | None
+    reference: str
+    child_seconds: float
+
+    @property
+    def passed(self) -> bool:
+        quantities = [self.energy_eV, self.forces_eV_per_A, self.stress_eV_per_A3]
+        return all(q.passed for q in quantities if q is not None)
+
+    def summary(self) -> str:
+        verdict = "passed" if self.passed else "FAILED"
+        parts = [f"energy {self.energy_eV.max:.2e} (tol {self.energy_eV.tolerance:.1e}) eV"]
+        parts.append(
+            f"forces max {self.forces_eV_per_A.max:.2e} rms {self.forces_eV_per_A.rms:.1e} "
+            f"(tol {self.forces_eV_per_A.tolerance:.1e}) eV/Å"
+        )
+        if self.stress_eV_per_A3 is not None:
+            parts.append(
+                f"stress {self.stress_eV_per_A3.max:.2e} "
+                f"(tol {self.stress_eV_per_A3.tolerance:.1e}) eV/Å^3"
+            )
+        return (
+            f"gate {verdict}: {self.backend} {self.dtype} on {self.device} vs {self.reference}, "
+            f"{self.formula} ({self.atoms} atoms): " + "; ".join(parts)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        document = asdict(self)
+        document["passed"] = self.passed
+        return document
+
+
+def _plan_values(model: LoadedModel, atoms: ase.Atoms) -> dict[str, np.ndarray]:
+    """Energy, forces and stress from FastMACE's potential: what the engine will use."""
+    state = State.from_atoms(atoms, device=model.device)
+    potential = Potential.from_loaded(model, state.atomic_numbers)
+    neighbours = NeighbourList(state, potential.r_max, 0.0)
+    edges = neighbours.build(state)
+    periodic = bool(atoms.pbc.all())
+    out = potential(state, edges, compute_stress=periodic)
+    values = {
+        "energy": np.array(float(out.energy.sum())),
+        "forces": out.forces.detach().cpu().numpy(),
+    }
+    if periodic and out.stress is not None:
+        values["stress"] = out.stress[0].detach().cpu().numpy()
+    return values
+
+
+def _reference_values(model: LoadedModel, atoms: ase.Atoms) -> tuple[dict, float]:
+    """mace-torch's float64 e3nn result, computed in a child process."""
+    scratch = scratch_dir("gate-")
+    try:
+        structure = scratch / "structure.traj"  # ASE's binary format: float64, lossless
+        ase.io.write(structure, atoms, format="traj")
+        request = {
+            "model": model.origin,
+            "structure": str(structure),
+            "device": model.device,
+            "output": str(scratch / "reference.npz"),
+        }
+        (scratch / "request.json").write_text(json.dumps(request), encoding="utf-8")
+        # The child imports this same FastMACE, whatever its own path says.
+        package_parent = str(Path(fastmace.__file__).resolve().parents[1])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+        started = time.perf_counter()
+        child = subprocess.run(
+            [sys.executable, "-m", "fastmace.planner.gate_child", str(scratch / "request.json")],
+            env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False,
+        )  # fmt: skip
+        seconds = time.perf_counter() - started
+        if child.returncode != 0:
+            raise GateError(
+                f"the gate's reference process failed ({child.returncode}): "
+                f"{child.stderr.strip()[-1500:]}"
+            )
+        with np.load(scratch / "reference.npz") as data:
+            return {name: data[name] for name in data.files}, seconds
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _error(actual: np.ndarray, expected: np.ndarray, tolerance: float) -> QuantityError:
+    difference = np.abs(np.asarray(actual, dtype=np.float64) - expected)
+    return QuantityError(
+        max=float(difference.max()), rms=float(np.sqrt(np.mean(difference**2))), tolerance=tolerance
+    )
+
+
+def gate_structure(atoms: ase.Atoms, unit: ase.Atoms | None = None) -> ase.Atoms:
+    """The structure to check: the whole one, or for large ones the cell it was repeated from."""
+    if len(atoms) > MAX_GATE_ATOMS and unit is not None:
+        return unit
+    return atoms
+
+
+def run_gate(model: LoadedModel, atoms: ase.Atoms) -> GateResult:
+    """Compare ``model`` (as the engine runs it) with mace-torch's float64 e3nn model."""
+    reference, seconds = _reference_values(model, atoms)
+    plan = _plan_values(model, atoms)
+    dtype = torch.float32 if model.dtype == "float32" else torch.float64
+    energy_tol, force_tol = rounding_tolerances(
+        dtype, float(reference["energy"]), reference["forces"], len(atoms)
+    )
+    stress = None
+    if "stress" in reference and "stress" in plan:
+        scale = max(float(np.abs(reference["stress"]).max()), 1e-2)
+        stress = _error(plan["stress"], reference["stress"], 1000 * torch.finfo(dtype).eps * scale)
+    return GateResult(
+        backend=model.backend,
+        dtype=model.dtype,
+        device=model.device,
+        atoms=len(atoms),
+        formula=atoms.get_chemical_formula(),
+        energy_eV=_error(plan["energy"], reference["energy"], energy_tol),
+        forces_eV_per_A=_error(plan["forces"], reference["forces"], force_tol),
+        stress_eV_per_A3=stress,
+        reference="mace-torch e3nn float64 (child process)",
+        child_seconds=seconds,
+    )

@@ -1,0 +1,67 @@
+"""The gate against mace-torch's float64 e3nn model in a child process, and the fallback."""
+
+from __future__ import annotations
+
+import json
+
+import ase.build
+import pytest
+import torch
+
+import fastmace as fm
+from fastmace.models.load import load
+from fastmace.planner.fallback import gate_with_fallback
+from fastmace.planner.gate import GateError, run_gate
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def copper() -> ase.Atoms:
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
+    atoms.rattle(0.05, seed=4)
+    return atoms
+
+
+def perturb(model) -> None:
+    with torch.no_grad():
+        parameter = next(p for p in model.module.parameters() if p.numel() > 1)
+        parameter.mul_(1.05)
+
+
+def test_gate_passes_for_a_faithful_model_and_leaves_no_scratch(cache):
+    result = run_gate(load("demo-emt-cu"), copper())
+    assert result.passed, result.summary()
+    assert result.forces_eV_per_A.max < 1e-10 and result.stress_eV_per_A3 is not None
+    assert result.reference == "mace-torch e3nn float64 (child process)"
+    assert not list(cache.glob("gate-*")), "the child's scratch outlived it"
+
+
+def test_a_perturbed_backend_fails_the_gate_and_the_next_one_is_used(cache):
+    model = load("demo-emt-cu", backend="cueq")
+    perturb(model)
+    gated = gate_with_fallback(model, copper())
+    assert gated.model.backend == "e3nn" and gated.gate.passed
+    (failure,) = gated.failures
+    assert failure["backend"] == "cueq" and "gate FAILED" in failure["reason"]
+
+
+def test_no_passing_candidate_is_an_error(cache):
+    model = load("demo-emt-cu", backend="e3nn")
+    perturb(model)
+    with pytest.raises(GateError, match="no backend passed the gate"):
+        gate_with_fallback(model, copper())
+
+
+def test_fm_md_with_the_gate_records_it(cache, tmp_path):
+    result = fm.md(
+        copper(), model="demo-emt-cu", temperature_K=300.0, steps=5, timestep_fs=2.0,
+        block_steps=5, check="gate", output=tmp_path / "run",
+    )  # fmt: skip
+    assert "gate:      gate passed" in result.report
+    document = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert document["gate"]["passed"] is True and document["fallbacks"] == []
+    assert (tmp_path / "run" / "report.txt").read_text() == result.report
