@@ -1,0 +1,387 @@
+"""``make_plan``: Workload + EngineConfig + Availabilities -> Plan, every decision with its reason.
+
+Pure decisions: nothing here imports torch, reads the environment or touches a device; all the
+machine offers comes in as :class:`Availabilities`. Order of precedence for every setting: the
+user's EngineConfig (forced), then the Workload (asked), then availability and the rules below.
+A forced or asked setting that cannot be honoured raises :class:`PlanError` with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fastmace.md.defaults import DEFAULT_BLOCK_STEPS, DEFAULT_SKIN_A
+from fastmace.planner.availability import Availabilities
+from fastmace.planner.config import EngineConfig
+from fastmace.planner.plan import (
+    ASKED,
+    AVAILABILITY,
+    FORCED,
+    KEPT,
+    MEASURED,
+    OVERWRITE,
+    RULE,
+    SET,
+    Decision,
+    EnvironmentSetting,
+    Fallback,
+    Plan,
+    PlanError,
+)
+from fastmace.planner.workload import Workload
+from fastmace.runtime import environment
+
+# Fastest first, on CUDA (docs/validation/performance.md).
+CUDA_ORDER = ("hybrid", "cueq", "e3nn")
+# fastmace.md.neighbours.DEFAULT_HEADROOM (that module imports torch; test_planner compares).
+DEFAULT_HEADROOM = 1.25
+LARGE_ATOMS = 10_000  # above this many atoms in all, K is shorter (as benchmarks/md_speed.py)
+LARGE_BLOCK_STEPS = 20
+EXPANDABLE_SEGMENTS_SINCE = (2, 14)  # docs/environment.md: the allocator rule
+# The values configure_allocator and configure_fp64_emulation set (test_planner applies a plan
+# through them and compares).
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+FP64_EMULATION_VALUES = dict(zip(environment.FP64_EMULATION, ("1", "eager"), strict=True))
+
+CPU_BACKEND_REASON = (
+    "measured: on the CPU e3nn beats cuEquivariance's CPU fallback (benchmark dry run, mp0-small "
+    "on 64 atoms: e3nn 350 ms vs cuEq 729 ms per step); OEq and hybrid need CUDA"
+)
+
+
+def make_plan(
+    workload: Workload, config: EngineConfig | None, availability: Availabilities
+) -> Plan:
+    """The Plan for ``workload`` on the machine ``availability`` describes.
+
+    ``config`` forces settings (None: nothing forced). ``availability`` comes from
+    :func:`fastmace.planner.probe_availabilities`, or is written by hand for another machine.
+    Raises PlanError when a forced or asked setting is impossible here, naming the reason.
+    """
+    config = EngineConfig() if config is None else config
+    device = _device(workload, availability)
+    backend = _backend(config, availability, device.value)
+    dtype = _dtype(workload, config, device.value)
+    graphs = _graphs(config, device.value)
+    emulation = _fp64_emulation(config, device.value, dtype.value)
+    segments = _expandable_segments(config, availability, device.value)
+    decisions = (
+        device,
+        backend,
+        dtype,
+        graphs,
+        _compile(config),
+        _block_steps(workload, config),
+        _skin(config),
+        _edge_capacity(config),
+        _headroom(config),
+        segments,
+        emulation,
+        _mantissa_bits(config, emulation.value),
+        _reproducible(workload),
+    )
+    settings = _environment(
+        availability,
+        segments.value,
+        emulation.value,
+        config.fp64_emulation_mantissa_bits,
+        workload.reproducible,
+    )
+    fallbacks = _fallbacks(config, availability, device.value, backend.value, graphs.value)
+    return Plan(workload, config, availability, decisions, settings, fallbacks)
+
+
+# -- one function per decision ----------------------------------------------------------------
+
+
+def _forced(name: str, value: object) -> str:
+    return f"forced by EngineConfig({name}={value!r})"
+
+
+def _device(workload: Workload, found: Availabilities) -> Decision:
+    gpu = found.gpu_name or "a CUDA GPU"
+    if workload.device == "cpu":
+        return Decision("device", "cpu", "asked by the Workload (device='cpu')", ASKED)
+    if workload.device == "cuda":
+        if not found.gpu:
+            raise PlanError(
+                f"the Workload asks for device='cuda', but there is no usable CUDA GPU here: "
+                f"{found.gpu_reason or 'none found'}; ask for device='cpu' or 'auto', or see "
+                "`fastmace doctor`"
+            )
+        return Decision("device", "cuda", f"asked by the Workload (device='cuda'): {gpu}", ASKED)
+    if found.gpu:
+        return Decision("device", "cuda", f"auto: {gpu} found", AVAILABILITY)
+    why = found.gpu_reason or "no CUDA GPU found"
+    return Decision("device", "cpu", f"auto: {why}, so the CPU", AVAILABILITY)
+
+
+def _backend(config: EngineConfig, found: Availabilities, device: str) -> Decision:
+    if config.backend is not None:
+        status = found.backend(config.backend, device)
+        if not status.available:
+            raise PlanError(
+                f"EngineConfig(backend={config.backend!r}) cannot run on {device}: "
+                f"{status.reason}; leave backend=None to let the planner choose"
+            )
+        return Decision(
+            "backend",
+            config.backend,
+            f"{_forced('backend', config.backend)} ({status.reason})",
+            FORCED,
+        )
+    if device == "cpu":
+        return Decision("backend", "e3nn", CPU_BACKEND_REASON, MEASURED)
+    skipped = []
+    for name in CUDA_ORDER:
+        status = found.backend(name, device)
+        if status.available:
+            reason = "auto: the fastest available of hybrid > cueq > e3nn"
+            if skipped:
+                reason += " (" + "; ".join(skipped) + ")"
+            return Decision("backend", name, reason, AVAILABILITY)
+        skipped.append(f"{name} unavailable: {status.reason}")
+    raise PlanError("no backend can run on cuda: " + "; ".join(skipped))
+
+
+def _dtype(workload: Workload, config: EngineConfig, device: str) -> Decision:
+    asked = workload.precision
+    if config.dtype is not None:
+        if asked not in ("auto", config.dtype):
+            raise PlanError(
+                f"the Workload asks for precision={asked!r} but EngineConfig(dtype="
+                f"{config.dtype!r}) forces {config.dtype}: drop one of the two"
+            )
+        return Decision("dtype", config.dtype, _forced("dtype", config.dtype), FORCED)
+    if asked != "auto":
+        return Decision("dtype", asked, f"asked by the Workload (precision={asked!r})", ASKED)
+    if device == "cuda":
+        return Decision(
+            "dtype",
+            "float32",
+            "rule: float32 on the GPU (positions, velocities and energies stay float64)",
+            RULE,
+        )
+    return Decision(
+        "dtype",
+        workload.model_dtype,
+        f"rule: the model's own dtype on the CPU ({workload.model_dtype}), as fm.load does",
+        RULE,
+    )
+
+
+def _graphs(config: EngineConfig, device: str) -> Decision:
+    if config.graphs is not None:
+        if config.graphs and device != "cuda":
+            raise PlanError(
+                "EngineConfig(graphs=True) needs a CUDA device, but the plan runs on the CPU; "
+                "leave graphs=None or run on a GPU"
+            )
+        return Decision("graphs", config.graphs, _forced("graphs", config.graphs), FORCED)
+    if device == "cuda":
+        return Decision("graphs", True, "rule: on CUDA, one graph launch per block of K steps")
+    return Decision("graphs", False, "rule: CUDA graphs need CUDA")
+
+
+def _compile(config: EngineConfig) -> Decision:
+    if config.compile is not None:
+        return Decision("compile", config.compile, _forced("compile", config.compile), FORCED)
+    return Decision("compile", False, "rule: off, torch.compile is not yet measured faster")
+
+
+def _block_steps(workload: Workload, config: EngineConfig) -> Decision:
+    if config.block_steps is not None:
+        return Decision(
+            "block_steps", config.block_steps, _forced("block_steps", config.block_steps), FORCED
+        )
+    if workload.n_atoms > LARGE_ATOMS:
+        return Decision(
+            "block_steps",
+            LARGE_BLOCK_STEPS,
+            f"rule: {LARGE_BLOCK_STEPS} above {LARGE_ATOMS:,} atoms, as the benchmark ran them",
+        )
+    return Decision(
+        "block_steps",
+        DEFAULT_BLOCK_STEPS,
+        f"rule: {DEFAULT_BLOCK_STEPS} up to {LARGE_ATOMS:,} atoms, as the benchmark ran them",
+    )
+
+
+def _skin(config: EngineConfig) -> Decision:
+    if config.skin_A is not None:
+        return Decision("skin_A", config.skin_A, _forced("skin_A", config.skin_A), FORCED)
+    return Decision("skin_A", DEFAULT_SKIN_A, f"rule: the default Verlet skin, {DEFAULT_SKIN_A} Å")
+
+
+def _edge_capacity(config: EngineConfig) -> Decision:
+    if config.edge_capacity is not None:
+        return Decision(
+            "edge_capacity",
+            config.edge_capacity,
+            _forced("edge_capacity", config.edge_capacity),
+            FORCED,
+        )
+    return Decision(
+        "edge_capacity",
+        None,
+        "rule: the first build's edges x headroom; an overflow grows it and redoes the block",
+    )
+
+
+def _headroom(config: EngineConfig) -> Decision:
+    if config.headroom is not None:
+        return Decision("headroom", config.headroom, _forced("headroom", config.headroom), FORCED)
+    return Decision(
+        "headroom",
+        DEFAULT_HEADROOM,
+        f"rule: buffers hold {DEFAULT_HEADROOM:g}x what the first build needs",
+    )
+
+
+def torch_version_tuple(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a torch version string such as "2.14.0+cu130"; None if unreadable."""
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def _expandable_segments(config: EngineConfig, found: Availabilities, device: str) -> Decision:
+    name = "expandable_segments"
+    if config.expandable_segments is not None:
+        return Decision(
+            name, config.expandable_segments, _forced(name, config.expandable_segments), FORCED
+        )
+    if device != "cuda":
+        return Decision(name, False, "rule: the CPU plan uses no CUDA allocator")
+    since = ".".join(map(str, EXPANDABLE_SEGMENTS_SINCE))
+    version = torch_version_tuple(found.torch_version)
+    if version is None:
+        return Decision(name, False, f"rule: on from torch {since}; torch's version is unknown")
+    if version < EXPANDABLE_SEGMENTS_SINCE:
+        return Decision(name, False, f"rule: on from torch {since}; torch is {found.torch_version}")
+    reason = f"rule: on from torch {since}; torch is {found.torch_version}"
+    user = found.user_value(environment.PYTORCH_CUDA_ALLOC_CONF.name)
+    if user is not None:
+        reason += f"; but PYTORCH_CUDA_ALLOC_CONF={user!r} is the user's and is kept"
+    return Decision(name, True, reason)
+
+
+def _fp64_emulation(config: EngineConfig, device: str, dtype: str) -> Decision:
+    name = "fp64_emulation"
+    if config.fp64_emulation:
+        if dtype != "float64":
+            raise PlanError(
+                f"EngineConfig(fp64_emulation=True) needs a float64 plan, but the plan's dtype is "
+                f"{dtype}: ask for precision='float64' (Workload) or dtype='float64' (EngineConfig)"
+            )
+        if device != "cuda":
+            raise PlanError(
+                "EngineConfig(fp64_emulation=True) emulates float64 in cuBLAS, on CUDA only, but "
+                "the plan runs on the CPU"
+            )
+    if config.fp64_emulation is not None:
+        return Decision(name, config.fp64_emulation, _forced(name, config.fp64_emulation), FORCED)
+    if dtype != "float64":
+        return Decision(name, False, f"rule: nothing to emulate in a {dtype} plan")
+    if device != "cuda":
+        return Decision(name, False, "rule: cuBLAS emulation applies on CUDA only")
+    return Decision(name, False, "rule: off unless forced; native float64 is the reference")
+
+
+def _mantissa_bits(config: EngineConfig, emulation: bool) -> Decision:
+    name, bits = "fp64_emulation_mantissa_bits", config.fp64_emulation_mantissa_bits
+    if bits is not None:
+        return Decision(name, bits, _forced(name, bits), FORCED)
+    if emulation:
+        return Decision(name, None, "rule: cuBLAS's default (the variable is not set)")
+    return Decision(name, None, "rule: no fp64 emulation in this plan")
+
+
+def _reproducible(workload: Workload) -> Decision:
+    if workload.reproducible:
+        return Decision(
+            "reproducible",
+            True,
+            "asked by the Workload: deterministic cuBLAS, Inductor and cuEquivariance",
+            ASKED,
+        )
+    return Decision("reproducible", False, "rule: not asked (Workload.reproducible=False)")
+
+
+# -- environment variables --------------------------------------------------------------------
+
+
+def _set_unless_user(
+    found: Availabilities, name: str, value: str, reason: str
+) -> EnvironmentSetting:
+    """docs/environment.md's usual rule: a variable the user set is kept."""
+    user = found.user_value(name)
+    if user is not None:
+        return EnvironmentSetting(name, user, f"kept the user's value ({reason})", KEPT, user)
+    return EnvironmentSetting(name, value, reason, SET)
+
+
+def _environment(
+    found: Availabilities,
+    expandable_segments: bool,
+    fp64_emulation: bool,
+    mantissa_bits: int | None,
+    reproducible: bool,
+) -> tuple[EnvironmentSetting, ...]:
+    settings = []
+    if expandable_segments:
+        settings.append(
+            _set_unless_user(
+                found,
+                environment.PYTORCH_CUDA_ALLOC_CONF.name,
+                EXPANDABLE_SEGMENTS,
+                "expandable segments on",
+            )
+        )
+    if fp64_emulation:
+        for name, value in FP64_EMULATION_VALUES.items():
+            settings.append(
+                _set_unless_user(found, name, value, "float64 plan with fp64 emulation")
+            )
+        if mantissa_bits is not None:
+            settings.append(
+                _set_unless_user(
+                    found,
+                    environment.FP64_EMULATION_BITS,
+                    str(mantissa_bits),
+                    "the plan's mantissa bits",
+                )
+            )
+    if reproducible:
+        for name, value in environment.REPRODUCIBLE.items():
+            # docs/environment.md: these overwrite, since a reproducible run must be one.
+            user = found.user_value(name)
+            if user is not None and user != value:
+                reason = f"reproducible plan: overwrites the user's value {user!r}"
+                settings.append(EnvironmentSetting(name, value, reason, OVERWRITE, user))
+            else:
+                settings.append(EnvironmentSetting(name, value, "reproducible plan", SET, user))
+    return tuple(settings)
+
+
+# -- fallbacks --------------------------------------------------------------------------------
+
+
+def _fallbacks(
+    config: EngineConfig, found: Availabilities, device: str, backend: str, graphs: bool
+) -> tuple[Fallback, ...]:
+    """The ordered alternatives: slower backends (hybrid -> cueq -> e3nn), then no graphs.
+
+    A forced setting gets none: the user's choice is never swapped behind their back.
+    """
+    fallbacks: list[Fallback] = []
+    if config.backend is None and device == "cuda" and backend in CUDA_ORDER:
+        failed = backend
+        for name in CUDA_ORDER[CUDA_ORDER.index(backend) + 1 :]:
+            if found.backend(name, device).available:
+                reason = f"fallback: {failed} failed, {name} is the next fastest available"
+                fallbacks.append(Fallback("backend", name, reason))
+                failed = name
+    if config.graphs is None and graphs:
+        reason = "fallback: graph capture failed, the same steps run uncaptured (slower)"
+        fallbacks.append(Fallback("graphs", False, reason))
+    return tuple(fallbacks)

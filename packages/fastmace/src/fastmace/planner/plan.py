@@ -1,0 +1,257 @@
+"""``Plan``: how a Workload will run, as pure data, every decision with its reason.
+
+A Plan is made by :func:`fastmace.planner.make_plan` and changes nothing by itself. It holds
+the decisions (backend, dtype, graphs, ...), the environment variables it will set, and the
+ordered fallbacks to try if a decision fails at run time. :meth:`Plan.apply_environment` sets
+the variables through :mod:`fastmace.runtime.environment`, before CUDA starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastmace.planner.availability import Availabilities
+from fastmace.planner.config import EngineConfig
+from fastmace.planner.workload import Workload
+from fastmace.runtime import environment
+
+# Where a decision comes from.
+FORCED = "forced"  # EngineConfig: the user's forced setting
+ASKED = "asked"  # Workload: the user asked for it (device, precision, reproducible)
+RULE = "rule"  # one of the planner's rules
+AVAILABILITY = "availability"  # what this machine offers
+MEASURED = "measured"  # a rule backed by a measurement, named in the reason
+FALLBACK = "fallback"  # a candidate plan after a decision failed
+SOURCES = (FORCED, ASKED, RULE, AVAILABILITY, MEASURED, FALLBACK)
+
+# What a plan does to one environment variable.
+SET = "set"  # unset before: the plan sets it
+KEPT = "kept"  # the user's value is kept, as docs/environment.md says
+OVERWRITE = "overwrite"  # the user's value is replaced (reproducible plans only)
+
+
+class PlanError(ValueError):
+    """The Workload and EngineConfig cannot be planned here; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One setting of the plan, its value, why, and where the reason comes from."""
+
+    name: str
+    value: Any
+    reason: str
+    source: str = RULE
+
+
+@dataclass(frozen=True)
+class EnvironmentSetting:
+    """One environment variable the plan will set or keep: its value in force afterwards."""
+
+    name: str
+    value: str
+    reason: str
+    action: str = SET
+    before: str | None = None
+    """The user's value, when there was one."""
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """An alternative to try if the plan fails: set decision ``name`` to ``value``."""
+
+    name: str
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How ``workload`` runs here: decisions, environment variables, ordered fallbacks."""
+
+    workload: Workload
+    config: EngineConfig
+    availabilities: Availabilities
+    decisions: tuple[Decision, ...]
+    environment: tuple[EnvironmentSetting, ...]
+    fallbacks: tuple[Fallback, ...]
+
+    def __post_init__(self) -> None:
+        names = [decision.name for decision in self.decisions]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a plan decides each setting once; got {names}")
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def decision(self, name: str) -> Decision:
+        for decision in self.decisions:
+            if decision.name == name:
+                return decision
+        known = ", ".join(decision.name for decision in self.decisions)
+        raise KeyError(f"the plan has no decision {name!r}; it decides: {known}")
+
+    def value(self, name: str) -> Any:
+        return self.decision(name).value
+
+    @property
+    def device(self) -> str:
+        return self.value("device")
+
+    @property
+    def backend(self) -> str:
+        return self.value("backend")
+
+    @property
+    def dtype(self) -> str:
+        return self.value("dtype")
+
+    @property
+    def graphs(self) -> bool:
+        return self.value("graphs")
+
+    @property
+    def compile(self) -> bool:
+        return self.value("compile")
+
+    @property
+    def block_steps(self) -> int:
+        return self.value("block_steps")
+
+    @property
+    def skin_A(self) -> float:
+        return self.value("skin_A")
+
+    @property
+    def edge_capacity(self) -> int | None:
+        return self.value("edge_capacity")
+
+    @property
+    def headroom(self) -> float:
+        return self.value("headroom")
+
+    @property
+    def expandable_segments(self) -> bool:
+        return self.value("expandable_segments")
+
+    @property
+    def fp64_emulation(self) -> bool:
+        return self.value("fp64_emulation")
+
+    @property
+    def fp64_emulation_mantissa_bits(self) -> int | None:
+        return self.value("fp64_emulation_mantissa_bits")
+
+    @property
+    def reproducible(self) -> bool:
+        return self.value("reproducible")
+
+    def environment_values(self) -> dict[str, str]:
+        """Each variable the plan concerns and its value once the plan is applied."""
+        return {setting.name: setting.value for setting in self.environment}
+
+    def engine_settings(self) -> dict[str, Any]:
+        """The decisions under the names fm.load and RunSettings take them."""
+        return {
+            "backend": self.backend,
+            "device": self.device,
+            "dtype": self.dtype,
+            "block_steps": self.block_steps,
+            "skin_A": self.skin_A,
+            "capture": self.graphs,
+        }
+
+    # -- alternatives ------------------------------------------------------------------------
+
+    def candidates(self) -> Iterator[Plan]:
+        """This plan, then each fallback applied on top of the ones before, in order.
+
+        Forced settings have no fallbacks: what the user forced is never replaced.
+        """
+        plan = self
+        yield plan
+        for index, fallback in enumerate(self.fallbacks):
+            decisions = tuple(
+                Decision(d.name, fallback.value, fallback.reason, FALLBACK)
+                if d.name == fallback.name
+                else d
+                for d in plan.decisions
+            )
+            plan = dataclasses.replace(
+                plan, decisions=decisions, fallbacks=self.fallbacks[index + 1 :]
+            )
+            yield plan
+
+    # -- acting ------------------------------------------------------------------------------
+
+    def apply_environment(self, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+        """Set the plan's variables (default: os.environ) before CUDA starts; returns them.
+
+        The work is done by fastmace.runtime.environment, which records every change for
+        metadata.json and keeps the user's values where docs/environment.md says so.
+        """
+        if self.expandable_segments:
+            environment.configure_allocator(True, environ)
+        if self.fp64_emulation:
+            environment.configure_fp64_emulation(self.fp64_emulation_mantissa_bits, environ)
+        if self.reproducible:
+            environment.configure_reproducible(environ)
+        env = os.environ if environ is None else environ
+        return {setting.name: env[setting.name] for setting in self.environment}
+
+    # -- showing -----------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """The plan in a few lines (about ten): what was decided and why."""
+        d = self.decision
+        lines = [f"Plan: {self.workload.summary()}"]
+
+        def line(label: str, value: Any, reason: str) -> None:
+            lines.append(f"  {label:<12} {_show(value):<8} {reason}")
+
+        for name in ("device", "backend", "dtype"):
+            line(name, d(name).value, d(name).reason)
+        if self.fp64_emulation:
+            bits = self.fp64_emulation_mantissa_bits
+            mantissa = "cuBLAS's default mantissa" if bits is None else f"{bits} mantissa bits"
+            line("fp64 emul.", True, f"{d('fp64_emulation').reason}; {mantissa}")
+        compiled = d("compile")
+        graphs = f"{d('graphs').reason}; compile {_show(compiled.value)} ({compiled.reason})"
+        line("graphs", self.graphs, graphs)
+        line("block K", self.block_steps, d("block_steps").reason)
+        capacity = "sized at the first build" if self.edge_capacity is None else self.edge_capacity
+        edges = f"skin; edge capacity {capacity}, headroom {self.headroom:g}"
+        line("neighbours", f"{self.skin_A:g} Å", edges)
+        line("allocator", self.expandable_segments, d("expandable_segments").reason)
+        if self.reproducible:
+            line("reproducible", True, d("reproducible").reason)
+        if self.environment:
+            shown = ", ".join(f"{s.name}={s.value} ({s.action})" for s in self.environment)
+            lines.append(f"  {'environment':<12} {shown}")
+        if self.fallbacks:
+            shown = " -> ".join(f"{f.name} {_show(f.value)}" for f in self.fallbacks)
+            lines.append(f"  {'fallbacks':<12} {shown}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable data, for metadata.json."""
+        return {
+            "workload": self.workload.to_dict(),
+            "config": self.config.to_dict(),
+            "availabilities": self.availabilities.to_dict(),
+            "decisions": {
+                d.name: {"value": d.value, "reason": d.reason, "source": d.source}
+                for d in self.decisions
+            },
+            "environment": [dataclasses.asdict(setting) for setting in self.environment],
+            "fallbacks": [dataclasses.asdict(fallback) for fallback in self.fallbacks],
+        }
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)

@@ -1,0 +1,673 @@
+"""The planner: Workload + EngineConfig + Availabilities -> Plan, each decision with its reason.
+
+A matrix of machines (written by hand as Availabilities, so no GPU is needed) and workloads,
+with the expected decision and reason for each; the errors for impossible forced settings;
+describe(), to_dict() and the fallbacks; that the pure modules import no torch; and that the
+copies of names from torch-importing modules agree with their originals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from conftest import run_python
+
+from fastmace.planner import (
+    Availabilities,
+    BackendStatus,
+    EngineConfig,
+    Plan,
+    PlanError,
+    Workload,
+    make_plan,
+)
+from fastmace.planner.decide import torch_version_tuple
+from fastmace.planner.plan import FALLBACK, SOURCES
+
+# -- machines ---------------------------------------------------------------------------------
+
+OK = BackendStatus(True, "available")
+NO_OPS = BackendStatus(False, "cuequivariance-ops-torch (the CUDA kernels) is not installed")
+OEQ_NO_EXTENSION = BackendStatus(
+    False,
+    "OpenEquivariance's host extension: the prebuilt extension is not used (fastmace-oeq-ext is "
+    "not installed) and the host toolchain build cannot run; missing: libcuda.so.1",
+)
+# FASTMACE_OEQ_PREBUILT=1 with a wheel built for another torch: as fastmace.oeq.choice says it.
+OEQ_PREBUILT_MISMATCH = BackendStatus(
+    False,
+    "OpenEquivariance's host extension: FASTMACE_OEQ_PREBUILT=1 refuses the toolchain build and "
+    "the prebuilt extension cannot be used (built for torch 2.13.0+cu130, installed "
+    "2.14.0+cu130): install the fastmace-oeq-ext wheel built for this torch, or unset "
+    "FASTMACE_OEQ_PREBUILT",
+)
+CPU_TABLE = {
+    "e3nn": OK,
+    "cueq": BackendStatus(True, "cuEquivariance's PyTorch fallback (CPU)"),
+    "oeq": BackendStatus(False, "OpenEquivariance's kernels run on CUDA GPUs only"),
+    "hybrid": BackendStatus(False, "OpenEquivariance's kernels run on CUDA GPUs only"),
+}
+
+
+def machine(
+    gpu: bool = True,
+    torch: str = "2.14.0+cu130",
+    env: dict[str, str] | None = None,
+    **cuda: BackendStatus,
+) -> Availabilities:
+    """A machine with every CUDA backend available except those given."""
+    table = {"e3nn": OK, "cueq": OK, "oeq": OK, "hybrid": OK, **cuda}
+    return Availabilities(
+        gpu=gpu,
+        gpu_name="NVIDIA H200" if gpu else None,
+        gpu_reason="1 CUDA device(s)" if gpu else f"torch {torch} sees no CUDA GPU",
+        torch_version=torch,
+        cueq_ops=table["cueq"].available,
+        oeq_extension="prebuilt" if table["hybrid"].available else "unavailable",
+        cuda=table,
+        cpu=CPU_TABLE,
+        environment=env or {},
+    )
+
+
+NO_GPU = machine(gpu=False, cueq=NO_OPS, hybrid=NO_OPS, oeq=OEQ_NO_EXTENSION)
+EVERYTHING = machine()
+CUEQ_WITHOUT_OPS = machine(cueq=NO_OPS, hybrid=NO_OPS)
+OEQ_WITHOUT_EXTENSION = machine(oeq=OEQ_NO_EXTENSION, hybrid=OEQ_NO_EXTENSION)
+PREBUILT_MISMATCH = machine(oeq=OEQ_PREBUILT_MISMATCH, hybrid=OEQ_PREBUILT_MISMATCH)
+OLD_TORCH = machine(torch="2.9.1+cu128")
+USER_ALLOCATOR = machine(env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"})
+USER_CUBLAS = machine(
+    env={"CUBLAS_EMULATION_STRATEGY": "performant", "CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+)
+
+
+def workload(**changes: Any) -> Workload:
+    """64 Cu atoms, NVT at 300 K, unless changed."""
+    fields: dict[str, Any] = {
+        "atoms_per_system": (64,),
+        "species": (29,),
+        "temperatures_K": 300.0,
+    }
+    return Workload(**{**fields, **changes})
+
+
+# -- the matrix -------------------------------------------------------------------------------
+
+# id, workload changes, config, machine, {decision: (value, words in its reason, source)},
+# {variable: (value, action)}, fallbacks as (name, value)
+CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = [
+    (
+        "no-gpu",
+        {},
+        EngineConfig(),
+        NO_GPU,
+        {
+            "device": ("cpu", "sees no CUDA GPU", "availability"),
+            "backend": ("e3nn", "e3nn 350 ms vs cuEq 729 ms", "measured"),
+            "dtype": ("float64", "model's own dtype on the CPU", "rule"),
+            "graphs": (False, "CUDA graphs need CUDA", "rule"),
+            "compile": (False, "not yet measured faster", "rule"),
+            "block_steps": (50, "50 up to 10,000 atoms", "rule"),
+            "skin_A": (0.5, "default Verlet skin", "rule"),
+            "edge_capacity": (None, "first build", "rule"),
+            "headroom": (1.25, "1.25x", "rule"),
+            "expandable_segments": (False, "no CUDA allocator", "rule"),
+            "fp64_emulation": (False, "CUDA only", "rule"),
+            "reproducible": (False, "not asked", "rule"),
+        },
+        {},
+        [],
+    ),
+    (
+        "no-gpu-float32-model",
+        {"model_dtype": "float32"},
+        EngineConfig(),
+        NO_GPU,
+        {"dtype": ("float32", "model's own dtype on the CPU (float32)", "rule")},
+        {},
+        [],
+    ),
+    (
+        "cpu-asked-on-gpu-machine",
+        {"device": "cpu"},
+        EngineConfig(),
+        EVERYTHING,
+        {
+            "device": ("cpu", "asked by the Workload", "asked"),
+            "backend": ("e3nn", "cuEquivariance's CPU fallback", "measured"),
+            "graphs": (False, "CUDA graphs need CUDA", "rule"),
+        },
+        {},
+        [],
+    ),
+    (
+        "gpu-cueq-without-ops",
+        {},
+        EngineConfig(),
+        CUEQ_WITHOUT_OPS,
+        {
+            "device": ("cuda", "NVIDIA H200", "availability"),
+            "backend": ("e3nn", "cueq unavailable: cuequivariance-ops-torch", "availability"),
+            "dtype": ("float32", "float32 on the GPU", "rule"),
+            "graphs": (True, "one graph launch per block", "rule"),
+        },
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("graphs", False)],
+    ),
+    (
+        "oeq-without-extension",
+        {},
+        EngineConfig(),
+        OEQ_WITHOUT_EXTENSION,
+        {"backend": ("cueq", "hybrid unavailable: OpenEquivariance's host ext", "availability")},
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "oeq-prebuilt-1-mismatched-wheel",
+        {},
+        EngineConfig(),
+        PREBUILT_MISMATCH,
+        {"backend": ("cueq", "FASTMACE_OEQ_PREBUILT=1 refuses the toolchain", "availability")},
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "everything-available",
+        {},
+        EngineConfig(),
+        EVERYTHING,
+        {
+            "backend": ("hybrid", "fastest available of hybrid > cueq > e3nn", "availability"),
+            "dtype": ("float32", "float32 on the GPU", "rule"),
+            "graphs": (True, "one graph launch per block", "rule"),
+            "expandable_segments": (True, "torch is 2.14.0+cu130", "rule"),
+            "fp64_emulation": (False, "nothing to emulate in a float32 plan", "rule"),
+        },
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "old-torch-no-expandable-segments",
+        {},
+        EngineConfig(),
+        OLD_TORCH,
+        {"expandable_segments": (False, "on from torch 2.14; torch is 2.9.1", "rule")},
+        {},
+        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "large-system",
+        {"atoms_per_system": (6_000, 6_000)},
+        EngineConfig(),
+        EVERYTHING,
+        {"block_steps": (20, "20 above 10,000 atoms", "rule")},
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "float64-gpu-without-emulation",
+        {"precision": "float64"},
+        EngineConfig(),
+        EVERYTHING,
+        {
+            "dtype": ("float64", "asked by the Workload", "asked"),
+            "fp64_emulation": (False, "off unless forced", "rule"),
+        },
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "float64-with-fp64-emulation",
+        {"precision": "float64"},
+        EngineConfig(fp64_emulation=True, fp64_emulation_mantissa_bits=53),
+        EVERYTHING,
+        {
+            "fp64_emulation": (True, "forced by EngineConfig(fp64_emulation=True)", "forced"),
+            "fp64_emulation_mantissa_bits": (53, "forced", "forced"),
+        },
+        {
+            "PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set"),
+            "CUBLAS_EMULATE_DOUBLE_PRECISION": ("1", "set"),
+            "CUBLAS_EMULATION_STRATEGY": ("eager", "set"),
+            "CUBLAS_FIXEDPOINT_EMULATION_MANTISSA_BIT_COUNT": ("53", "set"),
+        },
+        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "fp64-emulation-keeps-user-strategy",
+        {},
+        EngineConfig(dtype="float64", fp64_emulation=True),
+        USER_CUBLAS,
+        {
+            "dtype": ("float64", "forced by EngineConfig(dtype='float64')", "forced"),
+            "fp64_emulation_mantissa_bits": (None, "cuBLAS's default", "rule"),
+        },
+        {
+            "PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set"),
+            "CUBLAS_EMULATE_DOUBLE_PRECISION": ("1", "set"),
+            "CUBLAS_EMULATION_STRATEGY": ("performant", "kept"),
+        },
+        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "reproducible-overwrites",
+        {"reproducible": True},
+        EngineConfig(),
+        USER_CUBLAS,
+        {"reproducible": (True, "deterministic cuBLAS, Inductor and cuEquivariance", "asked")},
+        {
+            "PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set"),
+            "CUBLAS_WORKSPACE_CONFIG": (":4096:8", "overwrite"),
+            "TORCHINDUCTOR_DETERMINISTIC": ("1", "set"),
+            "CUEQUIVARIANCE_OPS_U1D_ALGOS": ("1,1", "set"),
+        },
+        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "reproducible-on-cpu",
+        {"reproducible": True},
+        EngineConfig(),
+        NO_GPU,
+        {"reproducible": (True, "deterministic", "asked")},
+        {
+            "CUBLAS_WORKSPACE_CONFIG": (":4096:8", "set"),
+            "TORCHINDUCTOR_DETERMINISTIC": ("1", "set"),
+            "CUEQUIVARIANCE_OPS_U1D_ALGOS": ("1,1", "set"),
+        },
+        [],
+    ),
+    (
+        "everything-at-once",
+        {"precision": "float64", "reproducible": True},
+        EngineConfig(fp64_emulation=True),
+        USER_ALLOCATOR,
+        {
+            "fp64_emulation": (True, "forced", "forced"),
+            "reproducible": (True, "deterministic", "asked"),
+        },
+        {
+            "PYTORCH_CUDA_ALLOC_CONF": ("max_split_size_mb:512", "kept"),
+            "CUBLAS_EMULATE_DOUBLE_PRECISION": ("1", "set"),
+            "CUBLAS_EMULATION_STRATEGY": ("eager", "set"),
+            "CUBLAS_WORKSPACE_CONFIG": (":4096:8", "set"),
+            "TORCHINDUCTOR_DETERMINISTIC": ("1", "set"),
+            "CUEQUIVARIANCE_OPS_U1D_ALGOS": ("1,1", "set"),
+        },
+        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "user-allocator-setting-kept",
+        {},
+        EngineConfig(),
+        USER_ALLOCATOR,
+        {
+            "expandable_segments": (
+                True,
+                "'max_split_size_mb:512' is the user's and is kept",
+                "rule",
+            )
+        },
+        {"PYTORCH_CUDA_ALLOC_CONF": ("max_split_size_mb:512", "kept")},
+        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "forced-settings-win",
+        {},
+        EngineConfig(
+            backend="cueq",
+            graphs=False,
+            compile=True,
+            block_steps=10,
+            skin_A=1.0,
+            edge_capacity=5000,
+            headroom=1.5,
+            expandable_segments=False,
+        ),
+        EVERYTHING,
+        {
+            "backend": ("cueq", "forced by EngineConfig(backend='cueq')", "forced"),
+            "graphs": (False, "forced by EngineConfig(graphs=False)", "forced"),
+            "compile": (True, "forced", "forced"),
+            "block_steps": (10, "forced", "forced"),
+            "skin_A": (1.0, "forced", "forced"),
+            "edge_capacity": (5000, "forced", "forced"),
+            "headroom": (1.5, "forced", "forced"),
+            "expandable_segments": (False, "forced", "forced"),
+        },
+        {},
+        [],  # forced settings are never swapped for a fallback
+    ),
+    (
+        "forced-backend-on-cpu-fallback",
+        {},
+        EngineConfig(backend="cueq"),
+        NO_GPU,
+        {"backend": ("cueq", "cuEquivariance's PyTorch fallback (CPU)", "forced")},
+        {},
+        [],
+    ),
+]
+
+
+def _plan(case: tuple) -> Plan:
+    _, changes, config, found, *_ = case
+    return make_plan(workload(**changes), config, found)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_decisions_and_reasons(case: tuple) -> None:
+    _, _, _, _, expected, variables, fallbacks = case
+    plan = _plan(case)
+    for name, (value, words, source) in expected.items():
+        decision = plan.decision(name)
+        assert (decision.value, decision.source) == (value, source), decision
+        assert words in decision.reason, decision
+    assert {s.name: (s.value, s.action) for s in plan.environment} == variables
+    assert [(f.name, f.value) for f in plan.fallbacks] == fallbacks
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_every_decision_has_a_reason_and_the_dict_is_json(case: tuple) -> None:
+    plan = _plan(case)
+    assert all(d.reason and d.source in SOURCES for d in plan.decisions)
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["decisions"]["backend"]["value"] == plan.backend
+    assert data["workload"]["n_atoms"] == plan.workload.n_atoms
+    assert [v["name"] for v in data["environment"]] == [s.name for s in plan.environment]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_describe_fits_in_a_few_lines(case: tuple) -> None:
+    plan = _plan(case)
+    text = plan.describe()
+    assert len(text.splitlines()) <= 12, text
+    assert plan.backend in text and plan.dtype in text
+    assert text.splitlines()[0] == f"Plan: {plan.workload.summary()}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_applying_the_environment_gives_what_the_plan_says(case: tuple) -> None:
+    """The plan's predicted variables are what fastmace.runtime.environment then sets."""
+    plan = _plan(case)
+    environ = dict(plan.availabilities.environment)
+    assert plan.apply_environment(environ) == plan.environment_values()
+    for name, value in plan.environment_values().items():
+        assert environ[name] == value
+
+
+# -- impossible settings ----------------------------------------------------------------------
+
+IMPOSSIBLE = [
+    (
+        "hybrid-forced-with-mismatched-prebuilt",
+        {},
+        EngineConfig(backend="hybrid"),
+        PREBUILT_MISMATCH,
+        ["backend='hybrid'", "cannot run on cuda", "FASTMACE_OEQ_PREBUILT=1 refuses"],
+    ),
+    (
+        "cueq-forced-without-ops",
+        {},
+        EngineConfig(backend="cueq"),
+        CUEQ_WITHOUT_OPS,
+        ["backend='cueq'", "cuequivariance-ops-torch (the CUDA kernels) is not installed"],
+    ),
+    (
+        "hybrid-forced-on-cpu",
+        {},
+        EngineConfig(backend="hybrid"),
+        NO_GPU,
+        ["cannot run on cpu", "OpenEquivariance's kernels run on CUDA GPUs only"],
+    ),
+    (
+        "cuda-asked-without-gpu",
+        {"device": "cuda"},
+        EngineConfig(),
+        NO_GPU,
+        ["device='cuda'", "sees no CUDA GPU", "fastmace doctor"],
+    ),
+    ("graphs-forced-on-cpu", {}, EngineConfig(graphs=True), NO_GPU, ["graphs=True", "CPU"]),
+    (
+        "fp64-emulation-in-float32-plan",
+        {},
+        EngineConfig(fp64_emulation=True),
+        EVERYTHING,
+        ["needs a float64 plan", "float32", "precision='float64'"],
+    ),
+    (
+        "fp64-emulation-on-cpu",
+        {"precision": "float64"},
+        EngineConfig(fp64_emulation=True),
+        NO_GPU,
+        ["CUDA only"],
+    ),
+    (
+        "precision-and-dtype-disagree",
+        {"precision": "float64"},
+        EngineConfig(dtype="float32"),
+        EVERYTHING,
+        ["precision='float64'", "dtype='float32'"],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", IMPOSSIBLE, ids=[case[0] for case in IMPOSSIBLE])
+def test_impossible_settings_raise_with_the_reason(case: tuple) -> None:
+    _, changes, config, found, words = case
+    with pytest.raises(PlanError) as error:
+        make_plan(workload(**changes), config, found)
+    for word in words:
+        assert word in str(error.value)
+
+
+# -- fallbacks --------------------------------------------------------------------------------
+
+
+def test_candidates_walk_the_fallbacks_in_order() -> None:
+    plan = make_plan(workload(), None, EVERYTHING)
+    candidates = list(plan.candidates())
+    assert [(c.backend, c.graphs) for c in candidates] == [
+        ("hybrid", True),
+        ("cueq", True),
+        ("e3nn", True),
+        ("e3nn", False),
+    ]
+    assert candidates[0] is plan
+    assert candidates[1].decision("backend").source == FALLBACK
+    assert "hybrid failed" in candidates[1].decision("backend").reason
+    assert [len(c.fallbacks) for c in candidates] == [3, 2, 1, 0]
+    assert candidates[3].decision("dtype") == plan.decision("dtype")  # the rest is unchanged
+
+
+def test_fallbacks_skip_unavailable_backends() -> None:
+    found = machine(cueq=NO_OPS)  # hybrid available (as a test of the order), cueq not
+    plan = make_plan(workload(), None, found)
+    assert [(f.name, f.value) for f in plan.fallbacks] == [("backend", "e3nn"), ("graphs", False)]
+
+
+# -- the records ------------------------------------------------------------------------------
+
+
+def test_plan_and_inputs_are_frozen() -> None:
+    plan = make_plan(workload(), None, EVERYTHING)
+    for record, field in ((plan, "decisions"), (plan.workload, "steps"), (plan.config, "dtype")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(record, field, None)
+
+
+def test_engine_settings_feed_fm_load_and_run_settings() -> None:
+    plan = make_plan(workload(), None, EVERYTHING)
+    assert plan.engine_settings() == {
+        "backend": "hybrid",
+        "device": "cuda",
+        "dtype": "float32",
+        "block_steps": 50,
+        "skin_A": 0.5,
+        "capture": True,
+    }
+
+
+def test_unknown_decision_names_what_the_plan_decides() -> None:
+    plan = make_plan(workload(), None, EVERYTHING)
+    with pytest.raises(KeyError, match="it decides: device, backend"):
+        plan.decision("threads")
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [("2.14.0+cu130", (2, 14)), ("2.15.0.dev20260301+cu130", (2, 15)), ("2.9.1", (2, 9)),
+     ("", None), (None, None), ("nightly", None)],
+)  # fmt: skip
+def test_torch_version_tuple(version: str | None, expected: tuple[int, int] | None) -> None:
+    assert torch_version_tuple(version) == expected
+
+
+# -- EngineConfig and Workload checks ---------------------------------------------------------
+
+
+def test_engine_config_defaults_leave_everything_to_the_planner() -> None:
+    assert EngineConfig().forced() == {}
+    assert EngineConfig(backend="auto", dtype="auto").forced() == {}
+    assert EngineConfig(block_steps=10).forced() == {"block_steps": 10}
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"backend": "cuda"}, "backend='cuda') is not allowed: use one of e3nn, cueq, oeq, hybrid"),
+        ({"dtype": "float16"}, "dtype='float16'"),
+        ({"graphs": "yes"}, "graphs='yes'"),
+        ({"compile": 1}, "compile=1"),
+        ({"block_steps": 0}, "block_steps=0"),
+        ({"block_steps": 2.5}, "whole number"),
+        ({"edge_capacity": -5}, "edge_capacity=-5"),
+        ({"headroom": 0.9}, "headroom=0.9"),
+        ({"skin_A": 0}, "skin_A=0"),
+        ({"skin_A": float("nan")}, "skin_A=nan"),
+        ({"fp64_emulation": True, "fp64_emulation_mantissa_bits": 80}, "1 to 79"),
+        ({"fp64_emulation_mantissa_bits": 40}, "needs fp64_emulation=True"),
+    ],
+)
+def test_engine_config_rejects_bad_values(settings: dict, words: str) -> None:
+    with pytest.raises(ValueError) as error:
+        EngineConfig(**settings)
+    assert words in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"ensemble": "nvp"}, "unknown ensemble 'nvp'"),
+        ({"temperatures_K": ()}, "needs a temperature"),
+        ({"temperatures_K": (300.0, 400.0)}, "one per system (1)"),
+        ({"temperatures_K": -1.0}, "positive temperature"),
+        ({"pressure_GPa": 1.0}, "takes no pressure"),
+        ({"ensemble": "npt", "periodic": (True, True, False)}, "periodic in x, y and z"),
+        ({"atoms_per_system": (0,)}, "atoms_per_system"),
+        ({"species": (0,)}, "1 to 118"),
+        ({"steps": -1}, "steps=-1"),
+        ({"timestep_fs": 20.0}, "(0, 10] fs"),
+        ({"precision": "half"}, "precision='half'"),
+        ({"device": "gpu"}, "device='gpu'"),
+        ({"reproducible": "yes"}, "reproducible='yes'"),
+        ({"periodic": ((True, True),)}, "one (x, y, z) triple"),
+    ],
+)
+def test_workload_rejects_bad_values(changes: dict, words: str) -> None:
+    with pytest.raises(ValueError) as error:
+        workload(**changes)
+    assert words in str(error.value)
+
+
+def test_workload_normalises_its_inputs() -> None:
+    asked = workload(
+        atoms_per_system=[10, 20], species=[8, 1, 8], ensemble="NHC", temperatures_K=[300, 350]
+    )
+    assert asked.atoms_per_system == (10, 20)
+    assert asked.species == (1, 8)
+    assert asked.ensemble == "nvt-nose-hoover"
+    assert asked.temperatures_K == (300.0, 350.0)
+    assert asked.periodicity == ((True, True, True), (True, True, True))
+    assert (asked.n_systems, asked.n_atoms) == (2, 30)
+    nve = workload(ensemble="nve", temperatures_K=())
+    assert nve.temperatures_K == ()
+
+
+def test_workload_from_structures_reads_ase_atoms() -> None:
+    from ase.build import bulk, molecule
+
+    crystal = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)
+    water = molecule("H2O")
+    asked = Workload.from_structures(
+        [crystal, water], ensemble="nvt-csvr", temperature_K=300, steps=200, reproducible=True
+    )
+    assert asked.atoms_per_system == (32, 3)
+    assert asked.species == (1, 8, 29)
+    assert asked.periodicity == ((True, True, True), (False, False, False))
+    assert (asked.ensemble, asked.steps, asked.reproducible) == ("nvt-csvr", 200, True)
+    assert asked.summary() == (
+        "2 systems, 35 atoms (H, O, Cu), nvt-csvr at 300 K, 200 steps of 1 fs"
+    )
+    one = Workload.from_structures(crystal, ensemble="npt", temperature_K=300, pressure_GPa=1.0)
+    assert one.atoms_per_system == (32,) and one.pressure_GPa == 1.0
+    json.dumps(asked.to_dict())
+    with pytest.raises(TypeError, match=r"ase\.Atoms"):
+        Workload.from_structures([], temperature_K=300)
+    with pytest.raises(ValueError, match="periodic in x, y and z"):
+        Workload.from_structures(water, ensemble="npt", temperature_K=300)
+
+
+# -- no torch in the decisions; copies agree with their originals -----------------------------
+
+PURE = (
+    "import sys, json\n"
+    "from fastmace.planner import Availabilities, EngineConfig, Workload, make_plan\n"
+    "import fastmace.planner.decide, fastmace.planner.plan, fastmace.planner.workload\n"
+    "import fastmace.planner.config, fastmace.planner.availability\n"
+    "found = Availabilities(gpu=True, torch_version='2.14.0')\n"
+    "plan = make_plan(Workload(atoms_per_system=(8,), species=(29,), temperatures_K=300.0),"
+    " EngineConfig(), found)\n"
+    "plan.describe(); json.dumps(plan.to_dict())\n"
+    "heavy = ('torch', 'mace', 'e3nn', 'cuequivariance_torch', 'openequivariance')\n"
+    "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
+)
+
+
+def test_planning_imports_no_torch(clean_env) -> None:
+    result = run_python(PURE, clean_env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+
+
+def test_copied_names_agree_with_the_modules_that_import_torch() -> None:
+    from fastmace.md import ensembles, neighbours
+    from fastmace.models import backends
+    from fastmace.planner import config, decide, workload
+
+    assert workload.ENSEMBLES == ensembles.ENSEMBLES
+    assert workload.ALIASES == ensembles.ALIASES
+    assert config.BACKENDS == backends.BACKENDS
+    assert decide.DEFAULT_HEADROOM == neighbours.DEFAULT_HEADROOM
+
+
+def test_probe_describes_this_machine() -> None:
+    import torch
+
+    from fastmace.planner import probe_availabilities
+
+    environ = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64", "CUBLAS_WORKSPACE_CONFIG": ""}
+    found = probe_availabilities(environ)
+    assert found.gpu == torch.cuda.is_available()
+    assert found.torch_version == torch.__version__
+    assert found.cpu["e3nn"].available
+    assert not found.cpu["hybrid"].available
+    assert found.environment == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"}
+    json.dumps(found.to_dict())
+    plan = make_plan(workload(), None, found)
+    if not found.gpu:
+        assert (plan.device, plan.backend) == ("cpu", "e3nn")
