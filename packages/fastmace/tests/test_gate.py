@@ -64,4 +64,6 @@ def test_fm_md_with_the_gate_records_it(cache, tmp_path):
     assert "gate:      gate passed" in result.report
     document = json.loads((tmp_path / "run" / "metadata.json").read_text())
     assert document["gate"]["passed"] is True and document["fallbacks"] == []
+    # The run was planned: decisions with reasons are in the metadata and the report.
+    assert document["plan"]["decisions"] and "Plan:" in result.report
     assert (tmp_path / "run" / "report.txt").read_text() == result.report

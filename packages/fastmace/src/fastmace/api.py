@@ -13,6 +13,7 @@ import ase.io
 from fastmace.md.defaults import DEFAULT_BLOCK_STEPS, DEFAULT_SKIN_A, ENSEMBLE_SETTINGS
 
 if TYPE_CHECKING:
+    from fastmace.planner import EngineConfig
     from fastmace.simulation import MDResult
 
 Structure = ase.Atoms | Sequence[ase.Atoms] | str | os.PathLike[str]
@@ -48,10 +49,12 @@ def read_structures(
     return structures
 
 
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def _pressure_GPa(settings: dict[str, Any]) -> float | None:
+    if settings.get("pressure_GPa") is not None:
+        return float(settings["pressure_GPa"])
+    if settings.get("pressure_bar") is not None:
+        return float(settings["pressure_bar"]) * 1e-4
+    return None
 
 
 def md(
@@ -72,14 +75,16 @@ def md(
     trajectory_format: str = "auto",
     device: str | None = None,
     dtype: str | None = None,
-    backend: str = "auto",
+    backend: str | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
-    block_steps: int = DEFAULT_BLOCK_STEPS,
-    skin_A: float = DEFAULT_SKIN_A,
+    block_steps: int | None = None,
+    skin_A: float | None = None,
     capture: bool | None = None,
     resume: bool = False,
     progress: TextIO | None = None,
     check: str | None = None,
+    reproducible: bool = False,
+    config: EngineConfig | None = None,
     **ensemble_settings: Any,
 ) -> MDResult:
     """Run MD of ``structure`` with ``model`` and return the result (summary, final structures).
@@ -94,6 +99,12 @@ def md(
     ``model`` is a label (its file must be present: ``fastmace models fetch`` downloads; this
     function never does), ``template:NAME`` or a path. With ``output`` the run writes a run
     directory (docs/output.md), which is never overwritten; ``resume=True`` continues it.
+
+    How it runs is planned (:mod:`fastmace.planner`): backend, dtype, graphs, block length,
+    skin and the environment variables, each decision with its reason (in the report and
+    metadata.json). ``device``, ``dtype``, ``backend``, ``block_steps``, ``skin_A`` and
+    ``capture`` force a decision, as does ``config`` (an ``fm.EngineConfig``);
+    ``reproducible=True`` sets the determinism variables.
 
     ``check="gate"`` compares the model as the engine runs it with mace-torch's float64 e3nn
     model on the structure (the first of a batch; the cell before ``repeat`` when the
@@ -120,6 +131,23 @@ def md(
         has_velocities = any(abs(atoms.get_velocities()).max() > 0 for atoms in structures)
         if not has_velocities:
             initial_temperature_K = ensemble_settings.get("temperature_K")
+    from fastmace.planner import EngineConfig as Config
+    from fastmace.planner import Workload, make_plan, probe_availabilities
+
+    forced = {
+        "backend": None if backend in (None, "auto") else backend, "dtype": dtype,
+        "block_steps": block_steps, "skin_A": skin_A, "graphs": capture,
+    }  # fmt: skip
+    base = config.to_dict() if config is not None else {}
+    config = Config(**{**base, **{k: v for k, v in forced.items() if v is not None}})
+    workload = Workload.from_structures(
+        structures, ensemble=chosen.name, temperature_K=chosen.settings.get("temperature_K"),
+        pressure_GPa=_pressure_GPa(chosen.settings), steps=steps, timestep_fs=timestep_fs,
+        reproducible=reproducible, device=device or "auto",
+    )  # fmt: skip
+    plan = make_plan(workload, config, probe_availabilities())
+    plan.apply_environment()  # before CUDA starts: allocator, emulation, determinism
+    engine = plan.engine_settings()
     settings = RunSettings(
         ensemble=chosen,
         steps=steps,
@@ -127,24 +155,27 @@ def md(
         seed=seed,
         schedule=OutputSchedule(trajectory_every, thermo_every, restart_every),
         initial_temperature_K=initial_temperature_K,
-        block_steps=block_steps,
-        skin_A=skin_A,
-        capture=capture,
+        block_steps=engine["block_steps"] or DEFAULT_BLOCK_STEPS,
+        skin_A=engine["skin_A"] or DEFAULT_SKIN_A,
+        capture=engine["capture"],
         trajectory_format=trajectory_format,
     )
     loaded = load(
-        model, head=head, checkpoint=checkpoint, download=False, backend=backend,
-        device=device or _default_device(), dtype=dtype, seed=seed,
+        model, head=head, checkpoint=checkpoint, download=False, backend=engine["backend"],
+        device=engine["device"], dtype=engine["dtype"], seed=seed,
     )  # fmt: skip
     gate, fallbacks = None, []
     if check == "gate":
         from fastmace.planner.fallback import gate_with_fallback
         from fastmace.planner.gate import gate_structure
 
-        gated = gate_with_fallback(loaded, gate_structure(structures[0], units[0]))
+        candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
+        gated = gate_with_fallback(
+            loaded, gate_structure(structures[0], units[0]), candidates=candidates
+        )
         loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
     simulation = Simulation(
         loaded, structures, settings, output, resume=resume, progress=progress,
-        gate=gate, fallbacks=fallbacks,
+        gate=gate, fallbacks=fallbacks, plan=plan,
     )  # fmt: skip
     return simulation.run()

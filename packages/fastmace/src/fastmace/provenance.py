@@ -183,6 +183,7 @@ def run_metadata(
     error: str | None = None,
     gate: dict[str, Any] | None = None,
     fallbacks: Sequence[dict[str, Any]] = (),
+    plan: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole ``metadata.json`` document."""
     return {
@@ -196,6 +197,7 @@ def run_metadata(
         "structures": structures_record(structures),
         "settings": settings_record(settings),
         "engine": engine,
+        "plan": plan,
         "gate": gate,
         "fallbacks": list(fallbacks),
         "runtime_info": dataclasses.asdict(fastmace.runtime_info()),

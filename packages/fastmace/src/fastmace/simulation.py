@@ -108,8 +108,10 @@ class Simulation:
         progress: TextIO | None = None,
         gate: Any = None,
         fallbacks: Sequence[dict[str, Any]] = (),
+        plan: Any = None,
     ) -> None:
         started = time.perf_counter()
+        self.plan = plan  # a fastmace.planner.Plan, when the run was planned (fm.md)
         self.gate = gate  # a fastmace.planner.gate.GateResult, when the run was checked
         self.fallbacks = list(fallbacks)
         check_structures(structures, model.description.atomic_numbers)
@@ -183,6 +185,7 @@ class Simulation:
             model=self.model, structures=self.structures, settings=self.settings,
             engine=engine, status=status, timings=timings, error=error,
             gate=self.gate.to_dict() if self.gate is not None else None,
+            plan=self.plan.to_dict() if self.plan is not None else None,
             fallbacks=self.fallbacks,
         )  # fmt: skip
         self.output.write_metadata(document)
@@ -367,6 +370,8 @@ class Simulation:
             f"{neighbours.capacity} ({neighbours.method}), list regrown {engine.regrowths}x",
             f"gate:      {gate}",
         ]
+        if self.plan is not None:
+            lines.extend(self.plan.describe().splitlines())
         for failure in self.fallbacks:
             lines.append(f"fallback:  {failure['backend']} was not used: {failure['reason']}")
         speed = result.timings.get("steps_per_s", float("nan"))

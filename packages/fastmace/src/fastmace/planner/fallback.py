@@ -43,10 +43,14 @@ def _reload(model: LoadedModel, backend: str) -> LoadedModel:
     )  # fmt: skip
 
 
-def gate_with_fallback(model: LoadedModel, atoms: ase.Atoms) -> GatedModel:
-    """The first of ``model``'s backend and the slower ones after it that passes the gate."""
+def gate_with_fallback(
+    model: LoadedModel, atoms: ase.Atoms, candidates: list[str] | None = None
+) -> GatedModel:
+    """The first of ``candidates`` (default: ``model``'s backend, then the slower available
+    ones) that passes the gate; ``model`` is the first candidate, already loaded."""
     failures: list[dict[str, Any]] = []
-    candidates = [model.backend, *_later_candidates(model.backend, model.device)]
+    if candidates is None:
+        candidates = [model.backend, *_later_candidates(model.backend, model.device)]
     for backend in candidates:
         try:
             current = model if backend == model.backend else _reload(model, backend)
