@@ -20,6 +20,9 @@ _LAZY = {
     "LoadedModel": ("fastmace.models.load", "LoadedModel"),
     "MDResult": ("fastmace.simulation", "MDResult"),
     "calculator": ("fastmace.ase", "calculator"),
+    "Workload": ("fastmace.planner", "Workload"),
+    "EngineConfig": ("fastmace.planner", "EngineConfig"),
+    "Plan": ("fastmace.planner", "Plan"),
 }
 
 
@@ -41,10 +44,13 @@ def runtime_info() -> RuntimeInfo:
 
 __all__ = [
     "CacheLocationError",
+    "EngineConfig",
     "EnvironmentVariableError",
     "LoadedModel",
     "MDResult",
+    "Plan",
     "RuntimeInfo",
+    "Workload",
     "__version__",
     "calculator",
     "load",
