@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from fastmace.runtime.environment import torch_extensions_dir
-
 # Variables of ours (and of the tools we configure) that must not leak from the developer's
 # shell into a test's child process.
 _SCRUBBED_PREFIXES = ("FASTMACE_", "OEQ_", "TORCHINDUCTOR_", "TRITON_", "CUDA_CACHE_", "CUBLAS_")
@@ -25,9 +23,9 @@ def clean_env(tmp_path: Path) -> dict[str, str]:
         for key, value in os.environ.items()
         if key not in _SCRUBBED and not key.startswith(_SCRUBBED_PREFIXES)
     }
-    # Importing mace imports OpenEquivariance, which builds its host extension under
-    # TORCH_EXTENSIONS_DIR: children share this process's directory so it is built only once.
-    env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
+    # A directory of the test's own: nothing left in the user's torch-extensions directory
+    # by earlier work (a stale lock, say) can change what a child process sees.
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "torch_extensions")
     home = tmp_path / "home"
     home.mkdir()
     env["HOME"] = str(home)
