@@ -60,22 +60,22 @@ def dynamic_section(library: Path) -> tuple[list[str], list[str], list[str]]:
     return needed, runpath, rpath
 
 
-def environment_facts() -> dict[str, str]:
-    import pybind11
-    import torch
+BUILD_SUPPORT = (
+    Path(__file__).resolve().parents[3] / "packages" / "fastmace-oeq-ext" / "build_support"
+)
+MANIFEST_FACTS = ("torch", "cuda", "openequivariance", "pybind11", "python_tag")
 
-    return {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "openequivariance": metadata.version("openequivariance"),
-        "pybind11": pybind11.__version__,
-        "python_tag": f"cp{sys.version_info.major}{sys.version_info.minor}",
-    }
+
+def environment_facts() -> dict[str, str]:
+    """What the manifest must say about this environment: the build's own description."""
+    from build_inputs import describe
+
+    facts = describe()
+    return {key: facts[key] for key in MANIFEST_FACTS}
 
 
 def check(wheel: Path, report: Report) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "packages" /
-                           "fastmace-oeq-ext" / "build_support"))  # fmt: skip
+    sys.path.insert(0, str(BUILD_SUPPORT))  # build_inputs and write_manifest
     from write_manifest import highest_symbol_versions
 
     with zipfile.ZipFile(wheel) as archive, tempfile.TemporaryDirectory() as scratch:

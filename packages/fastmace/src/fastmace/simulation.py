@@ -146,9 +146,9 @@ class Simulation:
         if restart is not None:
             state = _state_from_restart(state, restart.payload)
         self.potential = Potential.from_loaded(model, state.atomic_numbers)
-        self.neighbours, edges = self._neighbour_list(state, restart)
+        neighbours, edges = self._neighbour_list(state, restart)
         force_field = ForceField(
-            self.potential, self.neighbours, edges, stress=settings.ensemble.needs_stress
+            self.potential, neighbours, edges, stress=settings.ensemble.needs_stress
         )
         md = self._initial_md(state, force_field)
         if restart is not None:
@@ -190,6 +190,11 @@ class Simulation:
         )  # fmt: skip
         self.output.write_metadata(document)
 
+    @property
+    def neighbours(self) -> NeighbourList:
+        """The neighbour list in use (it is replaced when it grows)."""
+        return self.engine.force_field.neighbours
+
     def _initial_md(self, state: State, force_field: ForceField) -> Any:
         """The integrator's start; the first forces are recomputed until the list fits."""
         settings = self.settings
@@ -199,7 +204,6 @@ class Simulation:
                 return md
             grown = force_field.neighbours.grown(state)
             force_field.neighbours, force_field.edges = grown, grown.build(state)
-            self.neighbours = grown
 
     def _neighbour_list(self, state: State, restart: Any) -> tuple[NeighbourList, Any]:
         if restart is None:

@@ -113,7 +113,6 @@ class Engine:
         *,
         block_steps: int,
         capture: bool | None = None,
-        on_regrow: Callable[[NeighbourList], None] | None = None,
     ) -> None:
         if block_steps < 1:
             raise ValueError(f"block_steps must be at least 1, got {block_steps}")
@@ -125,7 +124,6 @@ class Engine:
         self.capture = cuda if capture is None else capture
         if self.capture and not cuda:
             raise ValueError("CUDA graph capture needs the state on a CUDA device")
-        self.on_regrow = on_regrow
         self.graph: torch.cuda.CUDAGraph | None = None
         self.warmed_up = False  # a graph is captured after one eager block (the warm-up)
         self.last_launch = ""  # "eager", "capture" or "replay": what the last block did
@@ -223,5 +221,3 @@ class Engine:
         self.graph = None  # shapes changed: capture again, after an eager warm-up block
         self.warmed_up = False
         self.regrowths += 1
-        if self.on_regrow is not None:
-            self.on_regrow(grown)

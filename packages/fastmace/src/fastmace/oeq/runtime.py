@@ -76,6 +76,7 @@ class OeqExtensionRecord:
 
 
 _record: OeqExtensionRecord | None = None
+_choice: choice.HostExtensionChoice | None = None  # decided once, by prepare_in_process
 _private_dir: Path | None = None
 
 
@@ -132,7 +133,7 @@ def _variables_set(variables: dict[str, str]) -> Iterator[None]:
 
 def prepare_in_process() -> OeqExtensionRecord | None:
     """Steps 1-3 above, once per process; None when OpenEquivariance is not installed."""
-    global _record
+    global _record, _choice
     if _record is not None:
         return _record
     if importlib_util.find_spec("openequivariance") is None:
@@ -142,7 +143,7 @@ def prepare_in_process() -> OeqExtensionRecord | None:
             IN_PROCESS, reason="OpenEquivariance was imported before FastMACE prepared it"
         )
         return _record
-    found = choice.choose_host_extension()
+    found = _choice = choice.choose_host_extension()
     oeq_cache = cache_root().path / "oeq"  # created only when something is written there
     # OEq creates its build directory under it even to look for a lock: removed at exit.
     atexit.register(_remove_private_dir)
@@ -177,8 +178,8 @@ def _with_stand_in(options: dict[str, Any], home: Path | None) -> dict[str, Any]
 
 def _provide(real_load: Any, sources: list, options: dict[str, Any]) -> ModuleType:
     """Step 4: answer OEq's load call, recording the outcome; raise to report unavailability."""
-    assert _record is not None
-    found = choice.choose_host_extension()
+    assert _record is not None and _choice is not None
+    found = _choice  # the same decision prepare_in_process recorded (no second library hash)
     if not found.usable:
         _record.how, _record.reason = UNAVAILABLE, found.reason
         raise RuntimeError(f"FastMACE: OpenEquivariance's host extension: {found.reason}")

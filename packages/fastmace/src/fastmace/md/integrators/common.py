@@ -87,6 +87,26 @@ class MDState:
         return self.energy + self.kinetic_energy()
 
 
+@dataclass
+class HeatBathState(MDState):
+    """An MDState coupled to a stochastic heat bath (Langevin, CSVR).
+
+    Attributes:
+        kT: (S,) target temperature times k_B, in eV.
+        generator: the random generator; every step draws from it (it is advanced in place).
+        thermostat_energy: (S,) energy in eV the thermostat has taken out of each system so
+            far; total energy plus this is conserved up to the integration error.
+    """
+
+    kT: torch.Tensor
+    generator: torch.Generator
+    thermostat_energy: torch.Tensor
+
+    def conserved_energy(self) -> torch.Tensor:
+        """(S,) total energy plus the energy given to the bath, in eV."""
+        return self.total_energy() + self.thermostat_energy
+
+
 def system_sum(values: torch.Tensor, system: torch.Tensor, n_systems: int) -> torch.Tensor:
     """Sum per-atom rows into one row per system (``index_add_``: fixed shape, no sync)."""
     out = torch.zeros((n_systems, *values.shape[1:]), dtype=values.dtype, device=values.device)

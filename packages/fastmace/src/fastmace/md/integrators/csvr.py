@@ -27,6 +27,7 @@ import torch
 
 from fastmace.md.integrators.common import (
     ComputeFn,
+    HeatBathState,
     MDState,
     drift,
     evaluate,
@@ -43,25 +44,15 @@ from fastmace.md.state import State
 
 
 @dataclass
-class CSVRState(MDState):
-    """Stochastic velocity rescaling's state.
+class CSVRState(HeatBathState):
+    """Stochastic velocity rescaling's state: the bath (target, generator, energy; total energy
+    plus the bath's share is Bussi's "effective energy") and the time constant.
 
     Attributes:
-        kT: (S,) target temperature times k_B, in eV.
-        tau: (S,) thermostat time constant τ in fs.
-        generator: the random generator (advanced in place by every step).
-        thermostat_energy: (S,) energy in eV taken out by the thermostat so far; total energy
-            plus this (Bussi's "effective energy") is conserved up to the integration error.
+        tau: (S,) thermostat time constant in fs.
     """
 
-    kT: torch.Tensor
     tau: torch.Tensor
-    generator: torch.Generator
-    thermostat_energy: torch.Tensor
-
-    def conserved_energy(self) -> torch.Tensor:
-        """(S,) the effective energy in eV: total energy plus the energy given to the bath."""
-        return self.total_energy() + self.thermostat_energy
 
 
 def csvr_init(

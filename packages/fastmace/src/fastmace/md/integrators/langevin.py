@@ -20,7 +20,7 @@ import torch
 
 from fastmace.md.integrators.common import (
     ComputeFn,
-    MDState,
+    HeatBathState,
     drift,
     evaluate,
     half_kick,
@@ -36,25 +36,14 @@ from fastmace.md.state import State
 
 
 @dataclass
-class LangevinState(MDState):
-    """Langevin dynamics' state: targets per system and the random generator.
+class LangevinState(HeatBathState):
+    """Langevin dynamics' state: the bath (target, generator, energy) and the friction.
 
     Attributes:
-        kT: (S,) target temperature times k_B, in eV.
         friction: (S,) friction gamma in 1/fs.
-        generator: the random generator; every step draws from it (it is advanced in place).
-        thermostat_energy: (S,) energy in eV the thermostat has taken out of each system so
-            far; total energy plus this is conserved up to the integration error.
     """
 
-    kT: torch.Tensor
     friction: torch.Tensor
-    generator: torch.Generator
-    thermostat_energy: torch.Tensor
-
-    def conserved_energy(self) -> torch.Tensor:
-        """(S,) total energy plus the energy given to the bath, in eV."""
-        return self.total_energy() + self.thermostat_energy
 
 
 def langevin_init(
