@@ -111,6 +111,8 @@ LABELS: dict[tuple[str, str], str] = {
     ("fastmace", "hybrid"): "FastMACE hybrid (OEq+cuEq)",
     ("fastmace", "cueq"): "FastMACE cuEq",
     ("fastmace", "hybrid-nograph"): "FastMACE hybrid, capture=False",
+    ("fastmace", "hybrid-compile"): "FastMACE hybrid + torch.compile",
+    ("fastmace", "cueq-compile"): "FastMACE cuEq + torch.compile",
     ("fastmace", "cueq-nograph"): "FastMACE cuEq, capture=False",
     ("fastmace", "e3nn"): "FastMACE e3nn",
     ("fastmace", "e3nn-nograph"): "FastMACE e3nn, capture=False",
@@ -121,14 +123,16 @@ LABELS: dict[tuple[str, str], str] = {
     ("ase", "cueq-compile"): "MACECalculator + ASE, cuEq + torch.compile",
     ("ase", "e3nn-compile"): "MACECalculator + ASE, e3nn + torch.compile",
 }
-# FastMACE variant -> (backend, capture); capture None = CUDA graphs on CUDA devices.
-FASTMACE_VARIANTS: dict[str, tuple[str, bool | None]] = {
-    "hybrid": ("hybrid", None),
-    "cueq": ("cueq", None),
-    "hybrid-nograph": ("hybrid", False),
-    "cueq-nograph": ("cueq", False),
-    "e3nn": ("e3nn", None),
-    "e3nn-nograph": ("e3nn", False),
+# FastMACE variant -> (backend, capture, compile); capture None = CUDA graphs on CUDA devices.
+FASTMACE_VARIANTS: dict[str, tuple[str, bool | None, bool]] = {
+    "hybrid": ("hybrid", None, False),
+    "cueq": ("cueq", None, False),
+    "hybrid-nograph": ("hybrid", False, False),
+    "cueq-nograph": ("cueq", False, False),
+    "hybrid-compile": ("hybrid", None, True),
+    "cueq-compile": ("cueq", None, True),
+    "e3nn": ("e3nn", None, False),
+    "e3nn-nograph": ("e3nn", False, False),
 }
 # MACECalculator variant -> its keyword arguments.
 ASE_VARIANTS: dict[str, dict[str, Any]] = {
@@ -179,31 +183,33 @@ class CaseTimeout(BaseException):
 def full_plan() -> list[Case]:
     """The GPU plan, most important first.
 
-    1. FastMACE hybrid against MACECalculator cuEq, at every size;
-    2. FastMACE with capture=False (what the graphs bring), at 1728 and 216 atoms;
-    3. FastMACE cuEq, MACECalculator hybrid and e3nn, for MP-0 medium at 1728 and 216 atoms;
-    4. MACECalculator cuEq + torch.compile at 1728 atoms (a candidate for the best baseline);
-    5. the same three variants as in 3 at the other sizes;
-    6. MACECalculator OEq everywhere, then the other torch.compile cases.
+    1. the main comparison at 1728 and 216 atoms of MP-0 medium: FastMACE hybrid and cuEq,
+       MACECalculator cuEq and hybrid;
+    2. the same for MH-1 at 216 and 1728 atoms;
+    3. the large sizes of MP-0 medium (13824, 32768) in the four main variants;
+    4. torch.compile at 1728 and 216 atoms of MP-0 medium: FastMACE hybrid + compile and
+       MACECalculator cuEq + compile;
+    5. what the graphs bring (capture=False) at 1728 and 216 atoms;
+    6. MACECalculator e3nn and OEq, then the other torch.compile cases.
+
+    A GPU session splits it with ``--only`` (docs/validation/performance.md has the commands);
+    each call compares the paths side by side in one process.
     """
-    rows = [
-        ("mp0-medium", 1728),
-        ("mp0-medium", 216),
-        ("mp0-medium", 13824),
-        ("mh-1", 1728),
-        ("mh-1", 216),
-        ("mp0-medium", 32768),
-    ]
-    first = (("fastmace", "hybrid"), ("ase", "cueq"))
-    cases = [Case(m, n, p, v) for m, n in rows for p, v in first]
+    main = (("fastmace", "hybrid"), ("ase", "cueq"), ("fastmace", "cueq"), ("ase", "hybrid"))
+    small = [("mp0-medium", 1728), ("mp0-medium", 216), ("mh-1", 216), ("mh-1", 1728)]
+    large = [("mp0-medium", 13824), ("mp0-medium", 32768)]
+    cases = [Case(m, n, p, v) for m, n in small for p, v in main]
+    cases += [Case(m, n, p, v) for m, n in large for p, v in main]
+    compiled = (
+        ("fastmace", "cueq-compile"),
+        ("fastmace", "hybrid-compile"),
+        ("ase", "cueq-compile"),
+    )
+    cases += [Case("mp0-medium", n, p, v) for n in (1728, 216) for p, v in compiled]
     cases += [Case("mp0-medium", n, "fastmace", "hybrid-nograph") for n in (1728, 216)]
-    others = (("fastmace", "cueq"), ("ase", "hybrid"), ("ase", "e3nn"))
-    cases += [Case(m, n, p, v) for m, n in rows[:2] for p, v in others]
-    cases.append(Case("mp0-medium", 1728, "ase", "cueq-compile"))
-    cases += [Case(m, n, p, v) for m, n in rows[2:] for p, v in others]
-    cases += [Case(m, n, "ase", "oeq") for m, n in rows]
+    cases += [Case(m, n, "ase", v) for m, n in small + large for v in ("e3nn", "oeq")]
+    cases += [Case(m, n, p, v) for m, n in small[2:] + large for p, v in compiled]
     cases.append(Case("mp0-medium", 1728, "ase", "e3nn-compile"))
-    cases.append(Case("mp0-medium", 216, "ase", "cueq-compile"))
     return cases
 
 
@@ -442,6 +448,8 @@ class Bench:
         if case.path == "fastmace":
             backend = FASTMACE_VARIANTS[case.variant][0]
             cost = 3.0 + 2.0 * target + (8.0 if large else 0.0)
+            if FASTMACE_VARIANTS[case.variant][2]:
+                cost += 90.0  # Inductor, cold cache
             if (case.model, backend) not in self.loaded:
                 cost += 20.0 if case.model == "mh-1" else 12.0
             return cost
@@ -530,7 +538,7 @@ class Bench:
         return a + b * case.atoms + (0.0 if capture else EAGER_EXTRA_MS)
 
     def run_fastmace(self, case: Case) -> dict[str, Any]:
-        backend, capture_setting = FASTMACE_VARIANTS[case.variant]
+        backend, capture_setting, compile_model = FASTMACE_VARIANTS[case.variant]
         loaded, load_s = self.fastmace_model(case.model, backend)
         capture = self.cuda if capture_setting is None else capture_setting
         block = self.args.block_steps
@@ -553,6 +561,7 @@ class Bench:
             initial_temperature_K=TEMPERATURE_K,
             block_steps=block,
             capture=capture_setting,
+            compile=compile_model,
         )
         simulation = Simulation(
             loaded, [nacl(case.atoms)], settings, output=None, progress=io.StringIO()
@@ -598,6 +607,9 @@ class Bench:
             "run_first_block_s": result.timings.get("first_block_s"),
             "run_steps_per_s": result.timings.get("steps_per_s"),
             "regrowths": simulation.engine.regrowths,
+            "compiled": compile_model,
+            "edge_capacity": simulation.neighbours.capacity,
+            "model_edge_capacity": simulation.neighbours.cutoff_capacity,
             "final_temperature_K": thermo.get("temperature_K"),
             "load_s": load_s,
             "conversion_check": (

@@ -436,3 +436,55 @@ def test_32768_atoms_fit_on_the_gpu() -> None:
     assert torch.cuda.max_memory_allocated() < 8 * 2**30
     assert not bool(edges.overflow)
     assert int(edges.count) == len(neighbor_list("i", atoms, 5.0 + SKIN))
+
+
+# The model's edges: the pairs within the cutoff, compacted.
+
+
+def test_cutoff_edges_equal_ase_within_the_cutoff_after_moves() -> None:
+    atoms, state, nl, edges = skin_setup("binned")
+    rng = np.random.default_rng(5)
+    atoms = moved(atoms, rng.uniform(-0.3, 0.3, size=(len(atoms), 3)))  # inside the skin
+    state.positions.copy_(torch.as_tensor(atoms.positions))
+    edges = nl.update(state, edges)
+    model_edges = nl.cutoff_edges(state, edges)
+    expected = ase_edges(atoms, CUTOFF)
+    assert our_edges(model_edges) == expected
+    assert int(model_edges.count) == len(expected)
+    check_padding(model_edges)
+    assert model_edges.capacity == nl.cutoff_capacity < edges.capacity
+    assert not bool(edges.overflow)
+
+
+def test_cutoff_capacity_is_the_first_count_with_headroom() -> None:
+    atoms = structures()["orthorhombic"][0]
+    state = State.from_atoms(atoms)
+    nl = NeighbourList(state, CUTOFF, SKIN, cutoff_headroom=1.0)
+    within = len(ase_edges(atoms, CUTOFF))
+    assert nl.required_cutoff_capacity(state) == within
+    assert nl.cutoff_capacity == within + 8
+
+
+def test_cutoff_overflow_sets_the_list_flag_and_grows() -> None:
+    atoms = structures()["orthorhombic"][0]
+    state = State.from_atoms(atoms)
+    nl = NeighbourList(state, CUTOFF, SKIN, cutoff_capacity=5)
+    edges = nl.build(state)
+    assert not bool(edges.overflow)  # the list itself has room
+    model_edges = nl.cutoff_edges(state, edges)
+    assert bool(edges.overflow) and model_edges.overflow is edges.overflow
+    expected = ase_edges(atoms, CUTOFF)
+    assert int(model_edges.count) == len(expected)
+    assert our_edges(model_edges) <= expected  # what fits is genuine
+    bigger = nl.grown(state)
+    assert bigger.cutoff_capacity >= len(expected)
+    edges = bigger.build(state)
+    assert our_edges(bigger.cutoff_edges(state, edges)) == expected
+    assert not bool(edges.overflow)
+
+
+def test_cutoff_edges_do_not_synchronise() -> None:
+    _, state, nl, edges = skin_setup("dense")
+    with ForbidHostSync():
+        model_edges = nl.cutoff_edges(state, edges)
+    assert model_edges.edge_index.shape == (2, nl.cutoff_capacity)

@@ -163,7 +163,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
         {},
         EngineConfig(),
         OEQ_WITHOUT_EXTENSION,
-        {"backend": ("cueq", "hybrid unavailable: OpenEquivariance's host ext", "availability")},
+        {"backend": ("cueq", "measured: the fastest available of cueq > hybrid", "measured")},
         {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
         [("backend", "e3nn"), ("graphs", False)],
     ),
@@ -172,7 +172,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
         {},
         EngineConfig(),
         PREBUILT_MISMATCH,
-        {"backend": ("cueq", "FASTMACE_OEQ_PREBUILT=1 refuses the toolchain", "availability")},
+        {"backend": ("cueq", "measured: the fastest available of cueq > hybrid", "measured")},
         {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
         [("backend", "e3nn"), ("graphs", False)],
     ),
@@ -182,14 +182,14 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
         EngineConfig(),
         EVERYTHING,
         {
-            "backend": ("hybrid", "fastest available of hybrid > cueq > e3nn", "availability"),
+            "backend": ("cueq", "fastest available of cueq > hybrid > e3nn", "measured"),
             "dtype": ("float32", "float32 on the GPU", "rule"),
             "graphs": (True, "one graph launch per block", "rule"),
             "expandable_segments": (True, "torch is 2.14.0+cu130", "rule"),
             "fp64_emulation": (False, "nothing to emulate in a float32 plan", "rule"),
         },
         {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
-        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
     (
         "old-torch-no-expandable-segments",
@@ -198,7 +198,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
         OLD_TORCH,
         {"expandable_segments": (False, "on from torch 2.14; torch is 2.9.1", "rule")},
         {},
-        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
     (
         "large-system",
@@ -207,7 +207,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
         EVERYTHING,
         {"block_steps": (20, "20 above 10,000 atoms", "rule")},
         {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
-        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
     (
         "float64-gpu-without-emulation",
@@ -219,7 +219,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
             "fp64_emulation": (False, "off unless forced", "rule"),
         },
         {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
-        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
     (
         "float64-with-fp64-emulation",
@@ -236,7 +236,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
             "CUBLAS_EMULATION_STRATEGY": ("eager", "set"),
             "CUBLAS_FIXEDPOINT_EMULATION_MANTISSA_BIT_COUNT": ("53", "set"),
         },
-        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
     (
         "fp64-emulation-keeps-user-strategy",
@@ -252,7 +252,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
             "CUBLAS_EMULATE_DOUBLE_PRECISION": ("1", "set"),
             "CUBLAS_EMULATION_STRATEGY": ("performant", "kept"),
         },
-        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
     (
         "reproducible-overwrites",
@@ -266,7 +266,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
             "TORCHINDUCTOR_DETERMINISTIC": ("1", "set"),
             "CUEQUIVARIANCE_OPS_U1D_ALGOS": ("1,1", "set"),
         },
-        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
     (
         "reproducible-on-cpu",
@@ -298,7 +298,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
             "TORCHINDUCTOR_DETERMINISTIC": ("1", "set"),
             "CUEQUIVARIANCE_OPS_U1D_ALGOS": ("1,1", "set"),
         },
-        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
     (
         "user-allocator-setting-kept",
@@ -313,7 +313,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
             )
         },
         {"PYTORCH_CUDA_ALLOC_CONF": ("max_split_size_mb:512", "kept")},
-        [("backend", "cueq"), ("backend", "e3nn"), ("graphs", False)],
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
     (
         "forced-settings-win",
@@ -472,14 +472,14 @@ def test_candidates_walk_the_fallbacks_in_order() -> None:
     plan = make_plan(workload(), None, EVERYTHING)
     candidates = list(plan.candidates())
     assert [(c.backend, c.graphs) for c in candidates] == [
-        ("hybrid", True),
         ("cueq", True),
+        ("hybrid", True),
         ("e3nn", True),
         ("e3nn", False),
     ]
     assert candidates[0] is plan
     assert candidates[1].decision("backend").source == FALLBACK
-    assert "hybrid failed" in candidates[1].decision("backend").reason
+    assert "cueq failed" in candidates[1].decision("backend").reason
     assert [len(c.fallbacks) for c in candidates] == [3, 2, 1, 0]
     assert candidates[3].decision("dtype") == plan.decision("dtype")  # the rest is unchanged
 
@@ -503,12 +503,13 @@ def test_plan_and_inputs_are_frozen() -> None:
 def test_engine_settings_feed_fm_load_and_run_settings() -> None:
     plan = make_plan(workload(), None, EVERYTHING)
     assert plan.engine_settings() == {
-        "backend": "hybrid",
+        "backend": "cueq",
         "device": "cuda",
         "dtype": "float32",
         "block_steps": 50,
         "skin_A": 0.5,
         "capture": True,
+        "compile": False,
     }
 
 

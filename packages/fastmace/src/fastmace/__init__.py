@@ -23,6 +23,7 @@ _LAZY = {
     "Workload": ("fastmace.planner", "Workload"),
     "EngineConfig": ("fastmace.planner", "EngineConfig"),
     "Plan": ("fastmace.planner", "Plan"),
+    "RunnerConfig": ("fastmace.runner", "RunnerConfig"),
 }
 
 
@@ -49,6 +50,7 @@ __all__ = [
     "LoadedModel",
     "MDResult",
     "Plan",
+    "RunnerConfig",
     "RuntimeInfo",
     "Workload",
     "__version__",

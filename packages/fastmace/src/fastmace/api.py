@@ -14,6 +14,7 @@ from fastmace.md.defaults import DEFAULT_BLOCK_STEPS, DEFAULT_SKIN_A, ENSEMBLE_S
 
 if TYPE_CHECKING:
     from fastmace.planner import EngineConfig
+    from fastmace.runner import RunnerConfig
     from fastmace.simulation import MDResult
 
 Structure = ase.Atoms | Sequence[ase.Atoms] | str | os.PathLike[str]
@@ -85,6 +86,8 @@ def md(
     check: str | None = None,
     reproducible: bool = False,
     config: EngineConfig | None = None,
+    runner: RunnerConfig | None = None,
+    _in_child_process: bool = False,
     **ensemble_settings: Any,
 ) -> MDResult:
     """Run MD of ``structure`` with ``model`` and return the result (summary, final structures).
@@ -107,10 +110,21 @@ def md(
     ``reproducible=True`` sets the determinism variables.
 
     ``check="gate"`` compares the model as the engine runs it with mace-torch's float64 e3nn
-    model on the structure (the first of a batch; the cell before ``repeat`` when the
-    supercell is large), in a child process, before the run; a backend that fails is replaced
-    by the next one (hybrid -> cuEq -> e3nn) and the failure recorded.
+    model on the structure (the first of a batch; above 4096 atoms the cell before ``repeat``,
+    a periodic sub-cell the structure repeats, or else a cluster cut from it:
+    :mod:`fastmace.planner.reduce`), in a child process, before the run; a backend that fails
+    is replaced by the next one (cuEq -> hybrid -> e3nn) and the failure recorded.
+
+    ``runner`` (an ``fm.RunnerConfig``) with ``subprocess=True`` runs all this in a child
+    process (:mod:`fastmace.runner`): the structures are read here, the result comes back the
+    same. Its ``environment`` goes to every child process of the run (also the gate's).
+    ``_in_child_process`` is internal: the runner's child sets it, for ``metadata.json``.
     """
+    # The keyword arguments as given (taken before any other local exists): what a child gets.
+    arguments = dict(locals())
+    for name in ("structure", "progress", "runner", "_in_child_process", "ensemble_settings"):
+        del arguments[name]
+    arguments.update(ensemble_settings)
     if check not in (None, "gate"):
         raise ValueError(f"check must be None or 'gate', got {check!r}")
     unknown = sorted(set(ensemble_settings) - set(ENSEMBLE_SETTINGS))
@@ -119,6 +133,13 @@ def md(
             f"fm.md got unknown arguments {', '.join(unknown)}; the ensemble settings are: "
             f"{', '.join(ENSEMBLE_SETTINGS)}"
         )
+    from fastmace.runner import RunnerConfig, run_in_subprocess, runner_record
+
+    runner = RunnerConfig() if runner is None else runner
+    if not isinstance(runner, RunnerConfig):
+        raise TypeError(f"runner must be an fm.RunnerConfig or None, got {runner!r}")
+    if runner.subprocess and not _in_child_process:
+        return run_in_subprocess(arguments, read_structures(structure), runner, progress)
     from fastmace.io import OutputSchedule
     from fastmace.md.ensembles import ensemble as make_ensemble
     from fastmace.models.load import load
@@ -158,6 +179,7 @@ def md(
         block_steps=engine["block_steps"] or DEFAULT_BLOCK_STEPS,
         skin_A=engine["skin_A"] or DEFAULT_SKIN_A,
         capture=engine["capture"],
+        compile=engine["compile"],
         trajectory_format=trajectory_format,
     )
     loaded = load(
@@ -167,15 +189,18 @@ def md(
     gate, fallbacks = None, []
     if check == "gate":
         from fastmace.planner.fallback import gate_with_fallback
-        from fastmace.planner.gate import gate_structure
+        from fastmace.planner.reduce import reduced_structure
 
         candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
+        checked = reduced_structure(structures[0], units[0])
         gated = gate_with_fallback(
-            loaded, gate_structure(structures[0], units[0]), candidates=candidates
-        )
+            loaded, checked.atoms, candidates=candidates, environment=runner.environment,
+            structure=checked.description,
+        )  # fmt: skip
         loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
     simulation = Simulation(
         loaded, structures, settings, output, resume=resume, progress=progress,
         gate=gate, fallbacks=fallbacks, plan=plan,
+        runner=runner_record(runner, in_child=_in_child_process),
     )  # fmt: skip
     return simulation.run()

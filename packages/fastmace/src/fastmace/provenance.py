@@ -184,8 +184,13 @@ def run_metadata(
     gate: dict[str, Any] | None = None,
     fallbacks: Sequence[dict[str, Any]] = (),
     plan: dict[str, Any] | None = None,
+    runner: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The whole ``metadata.json`` document."""
+    """The whole ``metadata.json`` document.
+
+    ``runner``: whether the run ran in a child process, and the names of the extra variables
+    its child processes got (:func:`fastmace.runner.runner_record`); default: in process.
+    """
     return {
         "schema_version": SCHEMA_VERSION,
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -200,6 +205,7 @@ def run_metadata(
         "plan": plan,
         "gate": gate,
         "fallbacks": list(fallbacks),
+        "runner": runner or {"subprocess": False, "environment": []},
         "runtime_info": dataclasses.asdict(fastmace.runtime_info()),
         "environment": environment_record(),
         "seed": settings.seed,

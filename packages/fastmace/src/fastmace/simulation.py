@@ -48,6 +48,8 @@ class RunSettings:
     skin_A: float = DEFAULT_SKIN_A
     capture: bool | None = None
     """CUDA graphs: None means on for CUDA devices."""
+    compile: bool = False
+    """Run the model through torch.compile."""
     trajectory_format: str = "auto"
 
     def __post_init__(self) -> None:
@@ -109,9 +111,12 @@ class Simulation:
         gate: Any = None,
         fallbacks: Sequence[dict[str, Any]] = (),
         plan: Any = None,
+        runner: dict[str, Any] | None = None,
     ) -> None:
         started = time.perf_counter()
         self.plan = plan  # a fastmace.planner.Plan, when the run was planned (fm.md)
+        # metadata.json's runner record (fastmace.runner.runner_record): in a child process?
+        self.runner = runner or {"subprocess": False, "environment": []}
         self.gate = gate  # a fastmace.planner.gate.GateResult, when the run was checked
         self.fallbacks = list(fallbacks)
         check_structures(structures, model.description.atomic_numbers)
@@ -145,7 +150,9 @@ class Simulation:
             raise ValueError("resume=True needs the output directory of the run to resume")
         if restart is not None:
             state = _state_from_restart(state, restart.payload)
-        self.potential = Potential.from_loaded(model, state.atomic_numbers)
+        self.potential = Potential.from_loaded(
+            model, state.atomic_numbers, compile=settings.compile
+        )
         neighbours, edges = self._neighbour_list(state, restart)
         force_field = ForceField(
             self.potential, neighbours, edges, stress=settings.ensemble.needs_stress
@@ -175,7 +182,9 @@ class Simulation:
             "device": str(self.engine.md.state.device),
             "block_steps": self.block_steps,
             "capture": self.engine.capture,
+            "compile": self.potential.compiled,
             "edge_capacity": neighbours.capacity,
+            "model_edge_capacity": neighbours.cutoff_capacity,
             "neighbour_method": neighbours.method,
             "regrowths": self.engine.regrowths,
             "capture_failure": self.engine.capture_failure,
@@ -186,7 +195,7 @@ class Simulation:
             engine=engine, status=status, timings=timings, error=error,
             gate=self.gate.to_dict() if self.gate is not None else None,
             plan=self.plan.to_dict() if self.plan is not None else None,
-            fallbacks=self.fallbacks,
+            fallbacks=self.fallbacks, runner=self.runner,
         )  # fmt: skip
         self.output.write_metadata(document)
 
@@ -266,7 +275,8 @@ class Simulation:
         time_fs = step * self.settings.timestep_fs
         rows: list[dict[str, Any]] = []
         if schedule.thermo_due(step) or final:
-            rows = thermo_rows(md, self.potential, self.engine.force_field.edges, step, time_fs)
+            edges = self.engine.force_field.model_edges(md.state)
+            rows = thermo_rows(md, self.potential, edges, step, time_fs)
         if self.output is None:
             return rows
         if schedule.trajectory_due(step) or (final and schedule.trajectory_every):
@@ -322,7 +332,8 @@ class Simulation:
             progress.close()
         if not rows:
             rows = thermo_rows(
-                self.engine.md, self.potential, self.engine.force_field.edges, step,
+                self.engine.md, self.potential,
+                self.engine.force_field.model_edges(self.engine.md.state), step,
                 step * settings.timestep_fs,
             )  # fmt: skip
         self.timings["first_block_s"] = first_block_s
@@ -374,6 +385,9 @@ class Simulation:
             f"{neighbours.capacity} ({neighbours.method}), list regrown {engine.regrowths}x",
             f"gate:      {gate}",
         ]
+        if self.runner["subprocess"]:
+            extra = ", ".join(self.runner["environment"]) or "none"
+            lines.append(f"runner:    a child process (extra variables: {extra})")
         if self.plan is not None:
             lines.extend(self.plan.describe().splitlines())
         for failure in self.fallbacks:

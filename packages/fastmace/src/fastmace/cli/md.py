@@ -2,8 +2,9 @@
 
 Both call :func:`fastmace.md` with the same settings; a run directory is always written
 (default: ``md-<structure name>-<date>-<time>`` in the working directory) and never
-overwritten. The config file's keys are ``fm.md``'s keyword arguments plus ``structure``;
-unknown keys are refused. docs/md.md describes both.
+overwritten. The config file's keys are ``fm.md``'s keyword arguments plus ``structure``,
+``subprocess`` and an ``[environment]`` table (``fm.RunnerConfig``); unknown keys are refused.
+docs/md.md describes both.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ RUN_KEYS = (
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "block_steps", "skin_A",
     "capture", "resume", "check",
 )  # fmt: skip
+# Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
+RUNNER_KEYS = ("subprocess", "environment")
 
 
 def _repeat(text: str) -> tuple[int, ...]:
@@ -64,11 +67,26 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "--check", action="store_const", const="gate", dest="check",
         help="compare with mace-torch's float64 model on the structure before running",
     )  # fmt: skip
+    md.add_argument(
+        "--subprocess", action="store_true", default=None,
+        help="run the MD in a child process (isolated from this one)",
+    )  # fmt: skip
+    md.add_argument(
+        "--env", action="append", type=_variable, dest="environment", metavar="NAME=VALUE",
+        help="an extra variable for the run's child processes (repeatable)",
+    )  # fmt: skip
     md.set_defaults(handler=_md)
 
     run = commands.add_parser("run", help="run MD described by a TOML file (docs/md.md)")
     run.add_argument("config", help="TOML file with fm.md's settings and a structure path")
     run.set_defaults(handler=_run)
+
+
+def _variable(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not name or not equals:
+        raise argparse.ArgumentTypeError(f"--env takes NAME=VALUE, got {text!r}")
+    return name, value
 
 
 def _default_output(structure: str) -> str:
@@ -81,6 +99,9 @@ def _execute(settings: dict[str, Any]) -> int:
     structure = settings.pop("structure")
     if not settings.get("output"):
         settings["output"] = _default_output(str(structure))
+    in_child, environment = settings.pop("subprocess", False), settings.pop("environment", {})
+    if in_child or environment:
+        settings["runner"] = fastmace.RunnerConfig(subprocess=in_child, environment=environment)
     result = fastmace.md(structure, **settings)
     print(result.report, end="")
     return 0
@@ -88,13 +109,16 @@ def _execute(settings: dict[str, Any]) -> int:
 
 def _md(args: argparse.Namespace) -> int:
     options = {key: value for key, value in vars(args).items()
-               if key in RUN_KEYS or key in ENSEMBLE_SETTINGS}  # fmt: skip
+               if key in RUN_KEYS or key in RUNNER_KEYS or key in ENSEMBLE_SETTINGS}  # fmt: skip
     options = {key: value for key, value in options.items() if value is not None}
+    if "environment" in options:
+        options["environment"] = dict(options["environment"])
     return _execute(options)
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """A run config: fm.md's keyword arguments plus ``structure``; unknown keys refused.
+    """A run config: fm.md's keyword arguments plus ``structure``, ``subprocess = true`` and an
+    ``[environment]`` table of extra variables (``fm.RunnerConfig``); unknown keys refused.
 
     Relative ``structure``, ``output`` and ``checkpoint`` paths are relative to the file.
     """
@@ -109,7 +133,7 @@ def read_config(path: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"cannot read the run config {path}: {error}") from None
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{path} is not valid TOML: {error}") from None
-    known = set(RUN_KEYS) | set(ENSEMBLE_SETTINGS)
+    known = set(RUN_KEYS) | set(RUNNER_KEYS) | set(ENSEMBLE_SETTINGS)
     unknown = sorted(set(config) - known)
     if unknown:
         raise ValueError(

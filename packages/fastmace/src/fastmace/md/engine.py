@@ -38,7 +38,8 @@ class ForceField:
     """The potential on the neighbour list: what the integrators call ``compute``.
 
     Each call checks the Verlet skin and rebuilds the edges on the device when needed, then
-    evaluates the model. ``edges`` are the list's fixed-capacity buffers.
+    evaluates the model on the pairs within its cutoff (`NeighbourList.cutoff_edges`).
+    ``edges`` are the list's fixed-capacity buffers.
     """
 
     def __init__(
@@ -51,8 +52,12 @@ class ForceField:
 
     def __call__(self, state: State) -> ForceResult:
         self.edges = self.neighbours.update(state, self.edges)
-        out = self.potential(state, self.edges, compute_stress=self.stress)
+        out = self.potential(state, self.model_edges(state), compute_stress=self.stress)
         return ForceResult(out.energy, out.forces, out.stress if self.stress else None)
+
+    def model_edges(self, state: State) -> Edges:
+        """The current list's pairs within the cutoff: the model's input, of fixed capacity."""
+        return self.neighbours.cutoff_edges(state, self.edges)
 
 
 @dataclass

@@ -92,14 +92,26 @@ class Potential(torch.nn.Module):
         model: a mace-torch ``MACE`` or ``ScaleShiftMACE`` on any backend, device and dtype.
         species: the atomic numbers the run will use; every one must be in the model.
         head: the head's name; may be left out for a model with one head.
+        compile: run the model's forward through ``torch.compile`` (Inductor; fixed shapes, so
+            one compilation per list capacity). Compilation happens at the first call, and
+            its caches live in the cache root (docs/environment.md).
     """
 
     def __init__(
-        self, model: torch.nn.Module, species: Iterable[int] | torch.Tensor, head: str | None = None
+        self,
+        model: torch.nn.Module,
+        species: Iterable[int] | torch.Tensor,
+        head: str | None = None,
+        *,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         _check_model(model)
         self.model = model
+        self.compiled = bool(compile)
+        self._model_call: Callable[..., dict[str, torch.Tensor]] = model
+        if self.compiled:
+            self._model_call = _compiled(model)
         self.model_species = tuple(int(z) for z in model.atomic_numbers)
         self.species = _species_tuple(species)
         self.check_species(self.species)
@@ -114,9 +126,11 @@ class Potential(torch.nn.Module):
         self.register_buffer("padding_shift", pad)
 
     @classmethod
-    def from_loaded(cls, loaded: LoadedModel, species: Iterable[int] | torch.Tensor) -> Potential:
+    def from_loaded(
+        cls, loaded: LoadedModel, species: Iterable[int] | torch.Tensor, *, compile: bool = False
+    ) -> Potential:
         """The potential of an ``fm.load`` result: its converted module and its head."""
-        return cls(loaded.module, species, head=loaded.head)
+        return cls(loaded.module, species, head=loaded.head, compile=compile)
 
     def check_species(self, species: Iterable[int] | torch.Tensor) -> None:
         """Raise UnsupportedSpeciesError unless the model knows every element of ``species``.
@@ -151,7 +165,7 @@ class Potential(torch.nn.Module):
         with torch.enable_grad():
             graph = self._graph(state, edges, compute_stress)
             with _default_dtype(self.node_attr_table.dtype):
-                output = self.model(graph.data, training=False, compute_force=False)
+                output = self._model_call(graph.data, training=False, compute_force=False)
             node_energy = output["node_energy"][: state.n_atoms].to(ENERGY_DTYPE)
             energy = torch.zeros(state.n_systems, dtype=ENERGY_DTYPE, device=state.device)
             energy = energy.index_add(0, state.system, node_energy)
@@ -218,6 +232,59 @@ class Potential(torch.nn.Module):
     def _padding_node_attrs(self) -> torch.Tensor:
         """The padding node is an atom of the model's first element (any known one would do)."""
         return self.node_attr_table[self.model_species[0]].unsqueeze(0)
+
+
+def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
+    """A copy of ``model`` made traceable, under torch.compile; the caller's model is untouched.
+
+    As mace-torch's own compile mode does: e3nn's TorchScript code generation cannot be traced
+    by Dynamo, so an e3nn model is rebuilt from its configuration with code generation off,
+    and mace's registered blocks are simplified by ``torch.fx``. Models converted to
+    cuEquivariance or OpenEquivariance keep their kernels (registered torch operators) and are
+    only simplified. Forces stay outside the compiled region (autograd over its output), so
+    Dynamo's autograd settings are left alone. Inductor's and Triton's caches go to the cache
+    root (docs/environment.md), set before the first compilation.
+    """
+    from mace.tools.compile import disable_e3nn_codegen, simplify
+    from mace.tools.scripts_utils import extract_model
+
+    from fastmace.runtime import cache, environment
+
+    environment.configure_compile_caches(cache.cache_root().path)
+    with disable_e3nn_codegen():
+        if _has_accelerated_kernels(model):
+            traceable = copy.deepcopy(model)
+        else:
+            # Rebuilt under the model's dtype: e3nn keeps some constants outside its buffers.
+            with _default_dtype(model_dtype(model)):
+                traceable = extract_model(model, map_location=str(model_device(model)))
+        traceable = simplify(traceable)
+    traceable.requires_grad_(False)
+    _constants_to(traceable, model_device(model))
+    # Fixed shapes per list capacity: dynamic=False compiles exactly those; a regrown list
+    # compiles once more.
+    return torch.compile(traceable, dynamic=False)
+
+
+def _constants_to(model: torch.nn.Module, device: torch.device) -> None:
+    """Move tensors kept as plain attributes (not parameters or buffers) to ``device``.
+
+    ``Module.to`` skips them; torch.fx keeps folded constants that way (cuEquivariance's
+    naive kernels fold coefficients on the CPU). Eager mode tolerates a CPU scalar beside a
+    CUDA tensor, but Dynamo's fake tensors do not.
+    """
+    for module in model.modules():
+        registered = set(module._parameters) | set(module._buffers)
+        for name, value in list(vars(module).items()):
+            plain = isinstance(value, torch.Tensor) and name not in registered
+            if plain and value.device != device:
+                setattr(module, name, value.to(device))
+
+
+def _has_accelerated_kernels(model: torch.nn.Module) -> bool:
+    """Whether the model was converted to cuEquivariance or OpenEquivariance modules."""
+    prefixes = ("cuequivariance", "openequivariance")
+    return any(type(module).__module__.startswith(prefixes) for module in model.modules())
 
 
 @contextlib.contextmanager

@@ -1,12 +1,14 @@
 """Fallback: if a plan's backend fails the gate, try the next one, recording every failure.
 
-The order is hybrid -> cuEq -> e3nn (fastest first); a candidate is only tried when it is
-available on the device. A run never silently uses a backend that failed: the failures go
-into the report and metadata.json, and if nothing passes, :class:`GateError` lists them all.
+The order is cuEq -> hybrid -> e3nn (fastest first, the planner's CUDA_ORDER); a candidate
+is only tried when it is available on the device. A run never silently uses a backend that
+failed: the failures go into the report and metadata.json, and if nothing passes,
+:class:`GateError` lists them all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,9 +16,10 @@ import ase
 
 from fastmace.models.backends import availability
 from fastmace.models.load import LoadedModel, load
+from fastmace.planner.decide import CUDA_ORDER
 from fastmace.planner.gate import GateError, GateResult, run_gate
 
-BACKEND_ORDER = ("hybrid", "cueq", "e3nn")
+BACKEND_ORDER = CUDA_ORDER
 
 
 @dataclass
@@ -44,17 +47,23 @@ def _reload(model: LoadedModel, backend: str) -> LoadedModel:
 
 
 def gate_with_fallback(
-    model: LoadedModel, atoms: ase.Atoms, candidates: list[str] | None = None
+    model: LoadedModel,
+    atoms: ase.Atoms,
+    candidates: list[str] | None = None,
+    environment: Mapping[str, str] | None = None,
+    structure: str | None = None,
 ) -> GatedModel:
     """The first of ``candidates`` (default: ``model``'s backend, then the slower available
-    ones) that passes the gate; ``model`` is the first candidate, already loaded."""
+    ones) that passes the gate; ``model`` is the first candidate, already loaded.
+    ``environment`` goes to the gate's reference child (RunnerConfig.environment);
+    ``structure`` says what ``atoms`` is (see :func:`run_gate`)."""
     failures: list[dict[str, Any]] = []
     if candidates is None:
         candidates = [model.backend, *_later_candidates(model.backend, model.device)]
     for backend in candidates:
         try:
             current = model if backend == model.backend else _reload(model, backend)
-            result = run_gate(current, atoms)
+            result = run_gate(current, atoms, environment, structure)
         except Exception as error:  # a candidate that cannot even be built or checked
             failures.append({"backend": backend, "reason": f"{type(error).__name__}: {error}"})
             continue

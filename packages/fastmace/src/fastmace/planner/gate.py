@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import ase
@@ -26,17 +25,15 @@ import ase.io
 import numpy as np
 import torch
 
-import fastmace
 from fastmace.md.neighbours import NeighbourList
 from fastmace.md.potential import Potential
 from fastmace.md.state import State
 from fastmace.models.backends import rounding_tolerances
 from fastmace.models.load import LoadedModel
 from fastmace.runtime.cache import scratch_dir
+from fastmace.runtime.environment import child_environment
 
 CHILD_TIMEOUT_S = 3600
-# Structures above this size are checked on the cell they were repeated from, when known.
-MAX_GATE_ATOMS = 4096
 
 
 class GateError(RuntimeError):
@@ -65,6 +62,8 @@ class GateResult:
     device: str
     atoms: int
     formula: str
+    structure: str
+    """Which structure was checked: the run's own or a reduced one (planner/reduce.py)."""
     energy_eV: QuantityError
     forces_eV_per_A: QuantityError
     stress_eV_per_A3: QuantityError | None
@@ -90,7 +89,7 @@ class GateResult:
             )
         return (
             f"gate {verdict}: {self.backend} {self.dtype} on {self.device} vs {self.reference}, "
-            f"{self.formula} ({self.atoms} atoms): " + "; ".join(parts)
+            f"{self.formula} ({self.structure}): " + "; ".join(parts)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,8 +115,14 @@ def _plan_values(model: LoadedModel, atoms: ase.Atoms) -> dict[str, np.ndarray]:
     return values
 
 
-def _reference_values(model: LoadedModel, atoms: ase.Atoms) -> tuple[dict, float]:
-    """mace-torch's float64 e3nn result, computed in a child process."""
+def _reference_values(
+    model: LoadedModel, atoms: ase.Atoms, environment: Mapping[str, str] | None = None
+) -> tuple[dict, float]:
+    """mace-torch's float64 e3nn result, computed in a child process.
+
+    The child gets this process's environment plus ``environment`` (RunnerConfig.environment)
+    and imports this same FastMACE, whatever its own path says.
+    """
     scratch = scratch_dir("gate-")
     try:
         structure = scratch / "structure.traj"  # ASE's binary format: float64, lossless
@@ -129,14 +134,11 @@ def _reference_values(model: LoadedModel, atoms: ase.Atoms) -> tuple[dict, float
             "output": str(scratch / "reference.npz"),
         }
         (scratch / "request.json").write_text(json.dumps(request), encoding="utf-8")
-        # The child imports this same FastMACE, whatever its own path says.
-        package_parent = str(Path(fastmace.__file__).resolve().parents[1])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
         started = time.perf_counter()
         child = subprocess.run(
             [sys.executable, "-m", "fastmace.planner.gate_child", str(scratch / "request.json")],
-            env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False,
+            env=child_environment(environment), capture_output=True, text=True,
+            timeout=CHILD_TIMEOUT_S, check=False,
         )  # fmt: skip
         seconds = time.perf_counter() - started
         if child.returncode != 0:
@@ -157,16 +159,19 @@ def _error(actual: np.ndarray, expected: np.ndarray, tolerance: float) -> Quanti
     )
 
 
-def gate_structure(atoms: ase.Atoms, unit: ase.Atoms | None = None) -> ase.Atoms:
-    """The structure to check: the whole one, or for large ones the cell it was repeated from."""
-    if len(atoms) > MAX_GATE_ATOMS and unit is not None:
-        return unit
-    return atoms
+def run_gate(
+    model: LoadedModel,
+    atoms: ase.Atoms,
+    environment: Mapping[str, str] | None = None,
+    structure: str | None = None,
+) -> GateResult:
+    """Compare ``model`` (as the engine runs it) with mace-torch's float64 e3nn model.
 
-
-def run_gate(model: LoadedModel, atoms: ase.Atoms) -> GateResult:
-    """Compare ``model`` (as the engine runs it) with mace-torch's float64 e3nn model."""
-    reference, seconds = _reference_values(model, atoms)
+    ``environment``: extra variables for the reference child (RunnerConfig.environment).
+    ``structure`` says what ``atoms`` is, for the record (default: the run's structure);
+    :func:`fastmace.planner.reduce.reduced_structure` picks it for large runs.
+    """
+    reference, seconds = _reference_values(model, atoms, environment)
     plan = _plan_values(model, atoms)
     dtype = torch.float32 if model.dtype == "float32" else torch.float64
     energy_tol, force_tol = rounding_tolerances(
@@ -182,6 +187,7 @@ def run_gate(model: LoadedModel, atoms: ase.Atoms) -> GateResult:
         device=model.device,
         atoms=len(atoms),
         formula=atoms.get_chemical_formula(),
+        structure=structure or f"the run's structure ({len(atoms)} atoms)",
         energy_eV=_error(plan["energy"], reference["energy"], energy_tol),
         forces_eV_per_A=_error(plan["forces"], reference["forces"], force_tol),
         stress_eV_per_A3=stress,

@@ -162,6 +162,7 @@ class Plan:
             "block_steps": self.block_steps,
             "skin_A": self.skin_A,
             "capture": self.graphs,
+            "compile": self.compile,
         }
 
     # -- alternatives ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath, PureWindowsPath
@@ -105,3 +106,10 @@ def scratch_dir(prefix: str, environ: Mapping[str, str] | None = None) -> Path:
     root = cache_root(environ).path
     root.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+
+
+def handoff_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """A new private directory ``<cache root>/handoff/run-<date>-<time>-XXXX`` for one run in a
+    child process (:mod:`fastmace.runner`); the caller removes it."""
+    prefix = time.strftime("run-%Y%m%d-%H%M%S-")
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=cache_dir("handoff", environ=environ)))

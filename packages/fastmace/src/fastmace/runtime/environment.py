@@ -256,6 +256,22 @@ def overwrite(
     _changes.append(Change(name, before, value, reason))
 
 
+def child_environment(
+    extra: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a child process FastMACE starts: a copy, never the parent's own.
+
+    ``extra`` (``RunnerConfig.environment``) is applied over this process's environment; then
+    the directory holding this FastMACE goes first on PYTHONPATH (before any entry of
+    ``extra``'s or the user's), so the child imports the same FastMACE.
+    """
+    env = dict(_env(environ))
+    env.update(extra or {})
+    package_parent = str(Path(__file__).resolve().parents[2])  # .../fastmace/runtime/ -> ...
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+    return env
+
+
 def configure_compile_caches(
     cache_root: Path, environ: MutableMapping[str, str] | None = None
 ) -> dict[str, str]:

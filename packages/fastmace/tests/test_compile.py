@@ -1,0 +1,51 @@
+"""torch.compile of the model (EngineConfig.compile): the same dynamics, caches in the cache root.
+
+Compilation is real (Inductor's C++ backend on the CPU, about two minutes cold on two cores),
+so this is one run that checks everything at once.
+"""
+
+from __future__ import annotations
+
+import ase.build
+import numpy as np
+
+from fastmace.io import OutputSchedule
+from fastmace.md.ensembles import ensemble
+from fastmace.models.load import load
+from fastmace.runtime import environment
+from fastmace.simulation import RunSettings, Simulation
+
+
+def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
+    for name in (environment.TORCHINDUCTOR_CACHE_DIR.name, environment.TRITON_CACHE_DIR.name,
+                 *environment.COMPILE_CACHE_FLAGS):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)  # restored afterwards: compiling sets them
+    model = load("demo-emt-cu")
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
+    atoms.rattle(0.02, seed=3)
+
+    def run(compile: bool) -> Simulation:
+        settings = RunSettings(
+            ensemble=ensemble("nvt", temperature_K=300.0), steps=10, timestep_fs=2.0, seed=7,
+            schedule=OutputSchedule(0, 0, 0), initial_temperature_K=300.0, block_steps=5,
+            compile=compile,
+        )  # fmt: skip
+        simulation = Simulation(model, [atoms], settings)
+        simulation.result = simulation.run()
+        return simulation
+
+    eager, compiled = run(False), run(True)
+    assert compiled.potential.compiled and not eager.potential.compiled
+    np.testing.assert_allclose(
+        compiled.result.structures[0].positions, eager.result.structures[0].positions, atol=1e-10
+    )
+    # The caller's model is left as it was (compilation works on a rebuilt copy).
+    assert compiled.potential.model is model.module
+    # Inductor's caches went to the cache root, as docs/environment.md says.
+    assert (tmp_path / "cache" / "inductor").is_dir()
+    import os
+
+    assert os.environ[environment.TORCHINDUCTOR_CACHE_DIR.name] == str(
+        tmp_path / "cache" / "inductor"
+    )
