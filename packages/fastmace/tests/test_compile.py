@@ -6,10 +6,15 @@ so this is one run that checks everything at once.
 
 from __future__ import annotations
 
+import os
+import time
+
 import ase.build
 import numpy as np
+import pytest
 
 from fastmace.io import OutputSchedule
+from fastmace.md import potential
 from fastmace.md.ensembles import ensemble
 from fastmace.models.load import load
 from fastmace.runtime import environment
@@ -44,8 +49,19 @@ def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
     assert compiled.potential.model is model.module
     # Inductor's caches went to the cache root, as docs/environment.md says.
     assert (tmp_path / "cache" / "inductor").is_dir()
-    import os
-
     assert os.environ[environment.TORCHINDUCTOR_CACHE_DIR.name] == str(
         tmp_path / "cache" / "inductor"
     )
+
+
+def test_a_stale_header_lock_is_refused_at_once_with_its_fix(tmp_path, monkeypatch):
+    monkeypatch.setattr(environment, "inductor_default_cache_dir", lambda: str(tmp_path))
+    locks = tmp_path / "precompiled_headers" / "locks"
+    locks.mkdir(parents=True)
+    lock = locks / "header.lock"
+    lock.touch()
+    potential._refuse_stale_header_locks()  # a fresh lock may belong to a running compilation
+    two_hours_ago = time.time() - 7200
+    os.utime(lock, (two_hours_ago, two_hours_ago))
+    with pytest.raises(potential.StaleCompileLockError, match=f"rm -f {lock}"):
+        potential._refuse_stale_header_locks()

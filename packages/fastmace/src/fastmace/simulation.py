@@ -361,6 +361,17 @@ class Simulation:
             self.output.close()
         return result
 
+    def _backend_reason(self) -> str:
+        """Why this backend: the plan's reason when the run was planned (a fallback's when the
+        gate replaced it), else what loading the model said."""
+        if self.plan is not None and self.model.backend == self.plan.backend:
+            reason = self.plan.decision("backend").reason
+        else:
+            reason = self.model.backend_reason
+        if self.fallbacks:
+            reason += f" (after {len(self.fallbacks)} failed: see the gate)"
+        return reason
+
     def _report(self, result: MDResult) -> str:
         """One screen: model, structure, run, engine, gate, speed, final state, output."""
         model, settings, engine = self.model, self.settings, self.engine
@@ -377,12 +388,13 @@ class Simulation:
         lines = [
             "FastMACE run report",
             f"model:     {model.summary()}",
-            f"backend:   {model.backend}: {model.backend_reason}",
+            f"backend:   {model.backend}: {self._backend_reason()}",
             f"structure: {formulas}",
             f"run:       {settings.ensemble.describe()}, {result.steps} steps of "
             f"{settings.timestep_fs} fs, seed {settings.seed}",
             f"engine:    {self.block_steps} steps per launch, {graphs}, edge capacity "
-            f"{neighbours.capacity} ({neighbours.method}), list regrown {engine.regrowths}x",
+            f"{neighbours.capacity} ({neighbours.method}; model edges "
+            f"{neighbours.cutoff_capacity}), list regrown {engine.regrowths}x",
             f"gate:      {gate}",
         ]
         if self.runner["subprocess"]:

@@ -250,6 +250,7 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
 
     from fastmace.runtime import cache, environment
 
+    _refuse_stale_header_locks()
     environment.configure_compile_caches(cache.cache_root().path)
     with disable_e3nn_codegen():
         if _has_accelerated_kernels(model):
@@ -264,6 +265,31 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
     # Fixed shapes per list capacity: dynamic=False compiles exactly those; a regrown list
     # compiles once more.
     return torch.compile(traceable, dynamic=False)
+
+
+class StaleCompileLockError(RuntimeError):
+    """A killed compilation left a lock that would stall this one (docs/faq.md)."""
+
+
+def _refuse_stale_header_locks() -> None:
+    """Fail at once, naming the fix, where Inductor would wait ten minutes and then fail.
+
+    Inductor keeps its precompiled headers (and their locks) in its default directory whatever
+    TORCHINDUCTOR_CACHE_DIR says; a soft lock left there by a killed compilation stays.
+    """
+    from pathlib import Path
+
+    from fastmace.runtime import environment
+    from fastmace.runtime.stale_locks import find_stale_locks, removal_command
+
+    headers = Path(environment.inductor_default_cache_dir()) / "precompiled_headers" / "locks"
+    stale = find_stale_locks([headers])
+    if stale:
+        raise StaleCompileLockError(
+            f"{len(stale)} lock file(s) of Inductor's precompiled headers, older than an hour "
+            "and held by no process, would stall torch.compile for ten minutes; if no "
+            f"compilation is running, remove them with: {removal_command(stale)}"
+        )
 
 
 def _constants_to(model: torch.nn.Module, device: torch.device) -> None:
