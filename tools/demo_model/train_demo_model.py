@@ -25,8 +25,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +40,8 @@ from mace import modules
 from mace.tools.torch_geometric.batch import Batch
 from mace.tools.torch_geometric.dataloader import DataLoader
 from mace.tools.utils import AtomicNumberTable
+
+from fastmace.models.loading import default_dtype
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "packages" / "fastmace" / "src" / "fastmace" / "models" / "demo"
@@ -66,17 +67,6 @@ KEYS = mace_data.KeySpecification(
 # as in mace-torch's second training stage, to pull down the per-atom energy offsets.
 WEIGHTS_FIRST = {"energy": 10.0, "forces": 1.0, "stress": 100.0}
 WEIGHTS_LAST = {"energy": 100.0, "forces": 1.0, "stress": 100.0}
-
-
-@contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Set torch's default dtype for the block and restore the previous one afterwards."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 # ----------------------------------------------------------------------------- data

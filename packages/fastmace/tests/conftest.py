@@ -1,4 +1,5 @@
-"""Shared helpers: a clean environment for child processes and a snapshot of a directory tree."""
+"""Shared helpers: a clean environment for child processes, a cache root of the test's own and
+a snapshot of a directory tree."""
 
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ def clean_env(tmp_path: Path) -> dict[str, str]:
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir()
     return env
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache root of the test's own (FASTMACE_CACHE), for this process and its children."""
+    monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 def run_python(

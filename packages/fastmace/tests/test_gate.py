@@ -14,12 +14,6 @@ from fastmace.planner.fallback import gate_with_fallback
 from fastmace.planner.gate import GateError, run_gate
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def copper() -> ase.Atoms:
     atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
     atoms.rattle(0.05, seed=4)

@@ -7,7 +7,6 @@ import json
 
 import ase.build
 import numpy as np
-import pytest
 from ase.calculators.emt import EMT
 from ase.neighborlist import neighbor_list
 
@@ -78,12 +77,6 @@ def test_a_disordered_structure_becomes_a_cluster_of_the_nearest_atoms():
     distances = cluster.get_all_distances()
     np.fill_diagonal(distances, np.inf)
     assert distances.min() >= d.min() - 1e-9
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 def test_fm_md_gates_a_large_structure_on_its_sub_cell(cache, tmp_path, monkeypatch):

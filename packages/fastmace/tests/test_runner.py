@@ -29,7 +29,7 @@ RUN = dict(
 @pytest.fixture
 def cache(tmp_path, monkeypatch, clean_env):
     """This process's environment made clean (the runner's children inherit it), with a cache
-    of the test's own."""
+    of the test's own (conftest's ``cache``, plus the clean environment)."""
     for name in set(os.environ) - set(clean_env):
         monkeypatch.delenv(name)
     for name, value in clean_env.items():

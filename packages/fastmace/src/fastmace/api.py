@@ -147,7 +147,7 @@ def md(
 
     chosen = make_ensemble(ensemble, **ensemble_settings)
     units = read_structures(structure)
-    structures = read_structures(structure, repeat)
+    structures = read_structures(units, repeat)  # the file is read once
     if initial_temperature_K is None and not resume:
         has_velocities = any(abs(atoms.get_velocities()).max() > 0 for atoms in structures)
         if not has_velocities:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fastmace.md.state import State
+
 
 @dataclass
 class Edges:
@@ -36,3 +38,12 @@ class Edges:
     @property
     def capacity(self) -> int:
         return int(self.edge_index.shape[1])
+
+
+def edge_vectors(state: State, edge_index: torch.Tensor, unit_shifts: torch.Tensor) -> torch.Tensor:
+    """(E, 3) edge vectors in the state's dtype (float64): receiver - sender + shift @ cell."""
+    sender, receiver = edge_index[0], edge_index[1]
+    shifts = torch.einsum(
+        "ei,eij->ej", unit_shifts.to(state.cell.dtype), state.cell[state.system[sender]]
+    )
+    return state.positions[receiver] - state.positions[sender] + shifts

@@ -74,7 +74,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fastmace.md.edges import Edges
+from fastmace.md.edges import Edges, edge_vectors
 from fastmace.md.state import POSITION_DTYPE, State
 
 METHODS = ("auto", "dense", "binned")
@@ -277,8 +277,7 @@ class NeighbourList:
         """Number of pairs within the cutoff (the model's edges) for ``state``; reads back."""
         with torch.no_grad():
             occupancy = max(int(_locate(self.grid, state)[3].max()), 1)
-            needed = int(self._search(state, 0, occupancy).count)
-            found = self._search(state, max(needed, 1), occupancy)
+            found = self._search(state, max(self.required_capacity(state), 1), occupancy)
             every = Edges(found.edge_index, found.unit_shifts, found.mask, found.count,
                           found.overflow)  # fmt: skip
             return int(_within_cutoff(state, every, self.cutoff).sum())
@@ -415,9 +414,7 @@ def _fill_slots(
 
 def _within_cutoff(state: State, edges: Edges, cutoff: float) -> torch.Tensor:
     """(E,) bool: real edges shorter than ``cutoff`` (float64, as the potential measures)."""
-    sender, receiver = edges.edge_index[0], edges.edge_index[1]
-    shifts = torch.einsum("ei,eij->ej", edges.unit_shifts, state.cell[state.system[sender]])
-    vectors = state.positions[receiver] - state.positions[sender] + shifts
+    vectors = edge_vectors(state, edges.edge_index, edges.unit_shifts)
     return edges.mask & ((vectors * vectors).sum(dim=-1) < cutoff * cutoff)
 
 

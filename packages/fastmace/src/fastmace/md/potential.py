@@ -26,9 +26,8 @@ the model's during the model call only (mace-torch takes some dtypes from it), t
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,10 +35,10 @@ import ase
 import numpy as np
 import torch
 
-from fastmace.md.edges import Edges
+from fastmace.md.edges import Edges, edge_vectors
 from fastmace.md.state import State
 from fastmace.models.backends import rounding_tolerances
-from fastmace.models.loading import model_device, model_dtype
+from fastmace.models.loading import default_dtype, model_device, model_dtype
 from fastmace.models.reference import check_structure
 
 if TYPE_CHECKING:
@@ -164,7 +163,7 @@ class Potential(torch.nn.Module):
         """
         with torch.enable_grad():
             graph = self._graph(state, edges, compute_stress)
-            with _default_dtype(self.node_attr_table.dtype):
+            with default_dtype(self.node_attr_table.dtype):
                 output = self._model_call(graph.data, training=False, compute_force=False)
             node_energy = output["node_energy"][: state.n_atoms].to(ENERGY_DTYPE)
             energy = torch.zeros(state.n_systems, dtype=ENERGY_DTYPE, device=state.device)
@@ -257,11 +256,10 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
             traceable = copy.deepcopy(model)
         else:
             # Rebuilt under the model's dtype: e3nn keeps some constants outside its buffers.
-            with _default_dtype(model_dtype(model)):
+            with default_dtype(model_dtype(model)):
                 traceable = extract_model(model, map_location=str(model_device(model)))
         traceable = simplify(traceable)
     traceable.requires_grad_(False)
-    _constants_to(traceable, model_device(model))
     # Fixed shapes per list capacity: dynamic=False compiles exactly those; a regrown list
     # compiles once more.
     return torch.compile(traceable, dynamic=False)
@@ -292,41 +290,10 @@ def _refuse_stale_header_locks() -> None:
         )
 
 
-def _constants_to(model: torch.nn.Module, device: torch.device) -> None:
-    """Move tensors kept as plain attributes (not parameters or buffers) to ``device``.
-
-    ``Module.to`` skips them; torch.fx keeps folded constants that way (cuEquivariance's
-    naive kernels fold coefficients on the CPU). Eager mode tolerates a CPU scalar beside a
-    CUDA tensor, but Dynamo's fake tensors do not.
-    """
-    for module in model.modules():
-        registered = set(module._parameters) | set(module._buffers)
-        for name, value in list(vars(module).items()):
-            plain = isinstance(value, torch.Tensor) and name not in registered
-            if plain and value.device != device:
-                setattr(module, name, value.to(device))
-
-
 def _has_accelerated_kernels(model: torch.nn.Module) -> bool:
     """Whether the model was converted to cuEquivariance or OpenEquivariance modules."""
     prefixes = ("cuequivariance", "openequivariance")
     return any(type(module).__module__.startswith(prefixes) for module in model.modules())
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Torch's default dtype set to the model's for the call, and put back after.
-
-    Some of mace-torch's arithmetic takes its dtype from the default (the ZBL pair term
-    multiplies integer atomic numbers by a Python float), and mace-torch's own callers set
-    the default to the model's dtype; outside the call the process keeps its own default.
-    """
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 @dataclass
@@ -348,11 +315,7 @@ def _real_edges(
     mask = edges.mask
     edge_index = torch.where(mask, edges.edge_index, 0)
     unit_shifts = torch.where(mask.unsqueeze(-1), edges.unit_shifts, 0.0)
-    sender, receiver = edge_index[0], edge_index[1]
-    shifts = torch.einsum(
-        "ei,eij->ej", unit_shifts.to(state.cell.dtype), state.cell[state.system[sender]]
-    )
-    vectors = state.positions[receiver] - state.positions[sender] + shifts
+    vectors = edge_vectors(state, edge_index, unit_shifts)
     length_squared = (vectors * vectors).sum(-1)
     real = mask & (length_squared < r_max * r_max) & (length_squared > 0)
     return edge_index, unit_shifts, real

@@ -43,6 +43,23 @@ def contained() -> Iterator[None]:
                 os.environ[name] = value
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Torch's default dtype set to ``dtype`` for the block, and put back after.
+
+    Some of mace-torch's arithmetic takes its dtype from the default (the ZBL pair term
+    multiplies integer atomic numbers by a Python float), and mace-torch's own callers set
+    the default to the model's dtype; outside the block the process keeps its own default.
+    Cheap enough for every model call, unlike :func:`contained`.
+    """
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def import_mace() -> Any:
     """``import mace`` with its import-time side effects contained.
 

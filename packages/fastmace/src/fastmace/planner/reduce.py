@@ -69,32 +69,34 @@ def reduced_structure(
 
 
 def _fractional(atoms: ase.Atoms) -> np.ndarray:
-    return np.mod(atoms.get_scaled_positions(wrap=False), 1.0) % 1.0
+    """Fractional coordinates wrapped into [0, 1) (``% 1.0`` twice: -1e-17 % 1.0 is 1.0)."""
+    return atoms.get_scaled_positions(wrap=False) % 1.0 % 1.0
 
 
-def _repeats_along(atoms: ase.Atoms, axis: int, times: int, tree: cKDTree) -> bool:
+def _repeats_along(
+    atoms: ase.Atoms, fractional: np.ndarray, tree: cKDTree, axis: int, times: int
+) -> bool:
     """Does shifting every atom by ``cell[axis] / times`` map the structure onto itself?"""
-    fractional = _fractional(atoms)
     shifted = fractional.copy()
-    shifted[:, axis] = (shifted[:, axis] + 1.0 / times) % 1.0
+    shifted[:, axis] = (shifted[:, axis] + 1.0 / times) % 1.0 % 1.0
     # Fractional tolerance: the Å tolerance over the shortest cell length, a safe bound.
     tolerance = SYMMETRY_TOLERANCE_A / float(np.min(atoms.cell.lengths()))
-    distance, index = tree.query(shifted % 1.0, distance_upper_bound=tolerance)
+    distance, index = tree.query(shifted, distance_upper_bound=tolerance)
     if not np.all(np.isfinite(distance)):
         return False
     numbers = atoms.numbers
     return bool(np.array_equal(numbers[index], numbers))
 
 
-def _largest_repeats(atoms: ase.Atoms) -> tuple[int, int, int]:
+def _largest_repeats(atoms: ase.Atoms, fractional: np.ndarray) -> tuple[int, int, int]:
     """Along each lattice vector, the most times the structure repeats a slice of itself."""
     n = len(atoms)
-    tree = cKDTree(_fractional(atoms) % 1.0, boxsize=1.0)
+    tree = cKDTree(fractional, boxsize=1.0)
     counts = []
     for axis in range(3):
         found = 1
         for times in sorted((d for d in range(2, n + 1) if n % d == 0), reverse=True):
-            if _repeats_along(atoms, axis, times, tree):
+            if _repeats_along(atoms, fractional, tree, axis, times):
                 found = times
                 break
         counts.append(found)
@@ -105,7 +107,8 @@ def _periodic_sub_cell(
     atoms: ase.Atoms, max_atoms: int
 ) -> tuple[ase.Atoms, tuple[int, int, int]] | None:
     """The largest sub-cell within ``max_atoms`` that the structure repeats, or None."""
-    repeats = _largest_repeats(atoms)
+    fractional = _fractional(atoms)
+    repeats = _largest_repeats(atoms, fractional)
     best = None
     for counts in itertools.product(*(_divisors(r) for r in repeats)):
         pieces = counts[0] * counts[1] * counts[2]
@@ -115,9 +118,8 @@ def _periodic_sub_cell(
             best = counts
     if best is None:
         return None
-    fractional = _fractional(atoms) * np.array(best)
     # The first copy, with a little slack below each boundary so rounding cannot lose an atom.
-    inside = np.all(fractional < 1.0 - 1e-9, axis=1)
+    inside = np.all(fractional * np.array(best) < 1.0 - 1e-9, axis=1)
     part = atoms[inside]
     if len(part) * best[0] * best[1] * best[2] != len(atoms):
         return None
