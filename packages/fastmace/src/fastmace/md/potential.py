@@ -108,9 +108,8 @@ class Potential(torch.nn.Module):
         _check_model(model)
         self.model = model
         self.compiled = bool(compile)
-        self._model_call: Callable[..., dict[str, torch.Tensor]] = model
-        if self.compiled:
-            self._model_call = _compiled(model)
+        # A plain function, not a submodule: the model is registered once, as ``model``.
+        self._compiled_call = _compiled(model) if self.compiled else None
         self.model_species = tuple(int(z) for z in model.atomic_numbers)
         self.species = _species_tuple(species)
         self.check_species(self.species)
@@ -164,7 +163,8 @@ class Potential(torch.nn.Module):
         with torch.enable_grad():
             graph = self._graph(state, edges, compute_stress)
             with default_dtype(self.node_attr_table.dtype):
-                output = self._model_call(graph.data, training=False, compute_force=False)
+                call = self._compiled_call or self.model
+                output = call(graph.data, training=False, compute_force=False)
             node_energy = output["node_energy"][: state.n_atoms].to(ENERGY_DTYPE)
             energy = torch.zeros(state.n_systems, dtype=ENERGY_DTYPE, device=state.device)
             energy = energy.index_add(0, state.system, node_energy)
@@ -246,6 +246,7 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
     """
     from mace.tools.compile import disable_e3nn_codegen, simplify
     from mace.tools.scripts_utils import extract_model
+    from torch._dynamo.exc import TorchDynamoException
 
     from fastmace.runtime import cache, environment
 
@@ -262,7 +263,24 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
     traceable.requires_grad_(False)
     # Fixed shapes per list capacity: dynamic=False compiles exactly those; a regrown list
     # compiles once more.
-    return torch.compile(traceable, dynamic=False)
+    compiled = torch.compile(traceable, dynamic=False)
+
+    def call(*args: object, **kwargs: object) -> dict[str, torch.Tensor]:
+        try:
+            return compiled(*args, **kwargs)
+        except TorchDynamoException as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise ModelCompileError(
+                f"torch.compile could not compile this model ({type(error).__name__}: "
+                f"{first_line}); run without EngineConfig(compile=True): the planner leaves "
+                "compile off by default for this reason (docs/validation/performance.md)"
+            ) from error
+
+    return call
+
+
+class ModelCompileError(RuntimeError):
+    """torch.compile failed on the model (the message says what to do instead)."""
 
 
 class StaleCompileLockError(RuntimeError):
