@@ -26,6 +26,7 @@ the model's during the model call only (mace-torch takes some dtypes from it), t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -160,7 +161,8 @@ class Potential(torch.nn.Module):
         No host synchronisation and fixed shapes; not to be called under
         ``torch.inference_mode`` (forces need autograd), any other grad mode is fine.
         """
-        with torch.enable_grad():
+        settings = _compile_settings() if self.compiled else contextlib.nullcontext()
+        with torch.enable_grad(), settings:
             graph = self._graph(state, edges, compute_stress)
             with default_dtype(self.node_attr_table.dtype):
                 call = self._compiled_call or self.model
@@ -243,6 +245,9 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
     only simplified. Forces stay outside the compiled region (autograd over its output), so
     Dynamo's autograd settings are left alone. Inductor's and Triton's caches go to the cache
     root (docs/environment.md), set before the first compilation.
+
+    Compilation happens at the first call (forward) and the first backward pass: both run
+    inside :func:`_compile_settings`.
     """
     from mace.tools.compile import disable_e3nn_codegen, simplify
     from mace.tools.scripts_utils import extract_model
@@ -250,7 +255,6 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
 
     from fastmace.runtime import cache, environment
 
-    _refuse_stale_header_locks()
     environment.configure_compile_caches(cache.cache_root().path)
     with disable_e3nn_codegen():
         if _has_accelerated_kernels(model):
@@ -279,33 +283,23 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
     return call
 
 
+def _compile_settings() -> contextlib.AbstractContextManager[None]:
+    """Inductor settings for FastMACE's compilations only, put back after each model call.
+
+    Precompiled C++ headers are off: Inductor keeps them in a directory of its own outside
+    the cache root, shared with every other torch on the machine, where a lock file another
+    process left behind (a kernel lock's file, or a soft lock of a killed compilation) makes
+    a soft-locking process wait ten minutes and fail.
+    """
+    from torch._inductor import config as inductor_config
+
+    if not hasattr(inductor_config, "cpp_cache_precompile_headers"):
+        return contextlib.nullcontext()
+    return inductor_config.patch(cpp_cache_precompile_headers=False)
+
+
 class ModelCompileError(RuntimeError):
     """torch.compile failed on the model (the message says what to do instead)."""
-
-
-class StaleCompileLockError(RuntimeError):
-    """A killed compilation left a lock that would stall this one (docs/faq.md)."""
-
-
-def _refuse_stale_header_locks() -> None:
-    """Fail at once, naming the fix, where Inductor would wait ten minutes and then fail.
-
-    Inductor keeps its precompiled headers (and their locks) in its default directory whatever
-    TORCHINDUCTOR_CACHE_DIR says; a soft lock left there by a killed compilation stays.
-    """
-    from pathlib import Path
-
-    from fastmace.runtime import environment
-    from fastmace.runtime.stale_locks import find_stale_locks, removal_command
-
-    headers = Path(environment.inductor_default_cache_dir()) / "precompiled_headers" / "locks"
-    stale = find_stale_locks([headers])
-    if stale:
-        raise StaleCompileLockError(
-            f"{len(stale)} lock file(s) of Inductor's precompiled headers, older than an hour "
-            "and held by no process, would stall torch.compile for ten minutes; if no "
-            f"compilation is running, remove them with: {removal_command(stale)}"
-        )
 
 
 def _has_accelerated_kernels(model: torch.nn.Module) -> bool:
