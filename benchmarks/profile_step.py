@@ -1,0 +1,328 @@
+"""Where one FastMACE MD step spends its GPU time: kernel tables and a split by component.
+
+For each size it builds the benchmark's run (random-weight template, rock-salt NaCl, Langevin
+NVT at 300 K, 1 fs, float32, no output; the same set-up as ``md_speed.py``) and prints:
+
+* ``ms/step``: graph replays only, timed on the host between synchronisations;
+* the kernel table of replayed blocks (torch.profiler): kernel, calls per step, ms per step,
+  grouped into families (GEMM, cuEquivariance, indexing, element-wise, reductions, ...);
+* the step split by component, each captured in a CUDA graph of its own and replayed:
+  neighbour-list update (skin check and search), the model's edges (compaction to the
+  cutoff), the potential (model forward and forces), and the whole step;
+* the aten operators of one eager force evaluation with their input shapes (which operator
+  launches which kernels), sorted by their own GPU time.
+
+Run on the GPU machine from the repository root (a few minutes for 216 and 13,824 atoms)::
+
+    . .gpu/setup.sh && PYTHONPATH=$PWD/packages/fastmace/src:$PYTHONPATH \
+        python benchmarks/profile_step.py --atoms 216,13824 --out $OUT
+
+Results: ``profile_step.json`` and ``profile_step.md`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import ase.build
+import torch
+
+from fastmace.io import OutputSchedule
+from fastmace.md.ensembles import ensemble
+from fastmace.models.load import load
+from fastmace.simulation import RunSettings, Simulation
+
+HEADS = {"mh-1": "omat_pbe"}
+# Kernel families, first match wins (names as CUDA reports them).
+FAMILIES = (
+    ("GEMM (float32, CUDA cores)", r"gemm.*f32f32|sgemm|gemm_f32"),
+    ("GEMM (tensor cores)", r"tf32|s1688|s16816|xmma.*tf32|cutlass.*tf32|h16816|bf16"),
+    ("GEMM / GEMV (float64)", r"dgemm|gemvx|gemv2T|dot_kernel|gemv"),
+    ("GEMM (other)", r"gemm|cutlass"),
+    ("cuEquivariance", r"segmented_polynomial|uniform_1d|cuequivariance|tensor_product|kernel_sc"),
+    ("indexing backward (sort)", r"indexing_backward|radix|sort|Sort"),
+    ("index / gather / scatter", r"index|gather|scatter|take"),
+    ("reductions / scans", r"reduce|Reduce|scan|Scan|cumsum|search"),
+    ("element-wise", r"elementwise|vectorized|unrolled|Elementwise|fill|copy|CatArray"),
+)
+
+
+def nacl(atoms: int, rattle_A: float = 0.05) -> ase.Atoms:
+    """Rock-salt NaCl (8 n^3 atoms), rattled as the performance issue specifies."""
+    n = round((atoms / 8) ** (1 / 3))
+    if 8 * n**3 != atoms:
+        raise ValueError(f"{atoms} atoms is not a cubic NaCl supercell (8 n^3)")
+    structure = ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat(n)
+    structure.rattle(rattle_A, seed=1)
+    return structure
+
+
+def family(name: str) -> str:
+    for label, pattern in FAMILIES:
+        if re.search(pattern, name):
+            return label
+    return "other"
+
+
+def simulation_for(model: str, atoms: int, backend: str, block: int) -> Simulation:
+    loaded = load(
+        f"template:{model}", head=HEADS.get(model), backend=backend,
+        device="cuda", dtype="float32", seed=0,
+    )  # fmt: skip
+    settings = RunSettings(
+        ensemble=ensemble("nvt", temperature_K=300.0, friction_per_ps=10.0),
+        steps=block * 1000,
+        timestep_fs=1.0,
+        seed=0,
+        schedule=OutputSchedule(0, 0, 0),
+        initial_temperature_K=300.0,
+        block_steps=block,
+    )
+    return Simulation(loaded, [nacl(atoms)], settings, output=None, progress=io.StringIO())
+
+
+def replay_ms(simulation: Simulation, blocks: int) -> float:
+    engine = simulation.engine
+    torch.cuda.synchronize()
+    tick = time.perf_counter()
+    for _ in range(blocks):
+        engine.run_block()
+    return 1000 * (time.perf_counter() - tick) / (blocks * engine.block_steps)
+
+
+def kernel_table(simulation: Simulation, blocks: int) -> list[dict[str, Any]]:
+    """Kernels of ``blocks`` replayed blocks: calls and ms per MD step, most expensive first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = blocks * simulation.engine.block_steps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(blocks):
+            simulation.engine.run_block()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            total = totals[event.name]
+            total[0] += 1
+            total[1] += event.device_time_total / 1000  # us -> ms
+    rows = [
+        {"kernel": name, "family": family(name), "calls_per_step": calls / steps,
+         "ms_per_step": ms / steps}
+        for name, (calls, ms) in totals.items()
+    ]  # fmt: skip
+    return sorted(rows, key=lambda row: -row["ms_per_step"])
+
+
+def graph_ms(function: Any, repeats: int = 20) -> float:
+    """ms per call of ``function`` captured in a CUDA graph and replayed ``repeats`` times."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            function()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        function()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / repeats
+
+
+def component_split(simulation: Simulation) -> dict[str, float]:
+    """Each part of the step captured alone (state and list as they are now)."""
+    force_field = simulation.engine.force_field
+    neighbours, potential = force_field.neighbours, force_field.potential
+    md = simulation.engine.md
+    state, edges = md.state, force_field.edges
+    model_edges = neighbours.cutoff_edges(state, edges)
+    stress = force_field.stress
+    step = simulation.engine.step_fn
+    work = {
+        "neighbour list update (skin check + search)": lambda: neighbours.update(state, edges),
+        "skin check only": lambda: neighbours.needs_rebuild(state),
+        "model edges (compaction to the cutoff)": lambda: neighbours.cutoff_edges(state, edges),
+        "potential (model forward + forces)": lambda: potential(state, model_edges, stress),
+        "whole step (all of the above + integrator)": lambda: step(md, force_field),
+    }
+    split = {}
+    for name, function in work.items():
+        try:
+            split[name] = graph_ms(function)
+        except Exception as error:  # record and go on: a profile, not a test
+            split[name] = f"{type(error).__name__}: {error}"[:300]
+    return split
+
+
+def eager_operators(simulation: Simulation, rows: int = 45) -> str:
+    """aten operators of one eager force evaluation, with input shapes, by own GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    force_field = simulation.engine.force_field
+    state = simulation.engine.md.state
+    force_field(state)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as p:
+        force_field(state)
+        torch.cuda.synchronize()
+    averages = p.key_averages(group_by_input_shape=True)
+    for key in ("self_device_time_total", "self_cuda_time_total"):
+        try:
+            return averages.table(sort_by=key, row_limit=rows, max_name_column_width=60)
+        except (AttributeError, KeyError, ValueError):
+            continue
+    return averages.table(row_limit=rows)
+
+
+def tf32_potential_ms(simulation: Simulation) -> dict[str, float]:
+    """The potential captured with float32 GEMMs on CUDA cores and with TF32 tensor cores."""
+    force_field = simulation.engine.force_field
+    state = simulation.engine.md.state
+    model_edges = force_field.model_edges(state)
+    before = torch.backends.cuda.matmul.allow_tf32
+    result = {}
+    try:
+        for flag in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = flag
+            result["tf32" if flag else "float32"] = graph_ms(
+                lambda: force_field.potential(state, model_edges)
+            )
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    return result
+
+
+def cond_probe() -> str:
+    """Can torch.cond be captured in a CUDA graph here (conditional nodes)?"""
+    x = torch.zeros(4, device="cuda")
+    flag = torch.ones((), dtype=torch.bool, device="cuda")
+
+    def yes(v: torch.Tensor) -> torch.Tensor:
+        return v + 1
+
+    def no(v: torch.Tensor) -> torch.Tensor:
+        return v - 1
+
+    try:
+        torch.cond(flag, yes, no, (x,))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = torch.cond(flag, yes, no, (x,))
+        graph.replay()
+        first = out.clone()
+        flag.fill_(False)
+        graph.replay()
+        torch.cuda.synchronize()
+        return f"captured: true branch -> {first.tolist()}, false branch -> {out.tolist()}"
+    except Exception as error:
+        return f"failed: {type(error).__name__}: {str(error)[:400]}"
+
+
+def compile_probe(simulation: Simulation) -> str:
+    """Call the model once through torch.compile (Potential(compile=True)); the error if any."""
+    import traceback
+
+    from fastmace.md.potential import Potential
+
+    force_field = simulation.engine.force_field
+    state = simulation.engine.md.state
+    potential = force_field.potential
+    try:
+        compiled = Potential(potential.model, potential.species, potential.head, compile=True)
+        tick = time.perf_counter()
+        compiled(state, force_field.model_edges(state))
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - tick
+        ms = graph_ms(lambda: compiled(state, force_field.model_edges(state)))
+        return f"compiled: first call {first_s:.1f} s, captured {ms:.3f} ms per force call"
+    except Exception:
+        return traceback.format_exc()[-6000:]
+
+
+def markdown(record: dict[str, Any]) -> str:
+    lines = [f"## {record['model']}, {record['atoms']} atoms, {record['backend']}", ""]
+    lines.append(f"ms/step (graph replays): {record['ms_per_step']:.3f}")
+    lines += ["", "| family | ms/step | launches/step |", "|---|---:|---:|"]
+    families: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for row in record["kernels"]:
+        families[row["family"]][0] += row["ms_per_step"]
+        families[row["family"]][1] += row["calls_per_step"]
+    for name, (ms, calls) in sorted(families.items(), key=lambda item: -item[1][0]):
+        lines.append(f"| {name} | {ms:.3f} | {calls:.1f} |")
+    total = sum(row["ms_per_step"] for row in record["kernels"])
+    launches = sum(row["calls_per_step"] for row in record["kernels"])
+    lines.append(f"| **total kernel time** | **{total:.3f}** | {launches:.0f} |")
+    lines += ["", "| kernel | family | calls/step | ms/step |", "|---|---|---:|---:|"]
+    for row in record["kernels"][:30]:
+        name = row["kernel"][:90].replace("|", "/")
+        lines.append(
+            f"| `{name}` | {row['family']} | {row['calls_per_step']:.2f} | "
+            f"{row['ms_per_step']:.3f} |"
+        )
+    lines += ["", "| component (captured alone) | ms |", "|---|---:|"]
+    for name, value in record.get("components", {}).items():
+        shown = f"{value:.3f}" if isinstance(value, float) else value
+        lines.append(f"| {name} | {shown} |")
+    if "tf32" in record:
+        lines += ["", f"potential, float32 vs TF32 GEMMs (ms): {record['tf32']}"]
+    lines += ["", "```", record.get("operators", ""), "```", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="mp0-medium")
+    parser.add_argument("--backend", default="cueq")
+    parser.add_argument("--atoms", default="216,13824")
+    parser.add_argument("--block-steps", type=int, default=20)
+    parser.add_argument("--timed-blocks", type=int, default=10)
+    parser.add_argument("--no-operators", action="store_true", help="skip the eager op table")
+    parser.add_argument("--tf32", action="store_true", help="also time the potential in TF32")
+    parser.add_argument("--compile-probe", action="store_true", help="try torch.compile")
+    parser.add_argument("--out", default="benchmarks/results/profile")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    records = [{"cond_capture": cond_probe(), "torch": torch.__version__}]
+    print(records[0], flush=True)
+    text = [f"# FastMACE step profile ({torch.cuda.get_device_name()}, torch {torch.__version__})"]
+    for atoms in (int(a) for a in args.atoms.split(",")):
+        simulation = simulation_for(args.model, atoms, args.backend, args.block_steps)
+        simulation.engine.run_block()  # eager warm-up
+        simulation.engine.run_block()  # capture
+        record: dict[str, Any] = {"model": args.model, "atoms": atoms, "backend": args.backend}
+        record["ms_per_step"] = replay_ms(simulation, args.timed_blocks)
+        print(f"{atoms} atoms: {record['ms_per_step']:.3f} ms/step", flush=True)
+        record["kernels"] = kernel_table(simulation, 2)
+        record["components"] = component_split(simulation)
+        if args.tf32:
+            record["tf32"] = tf32_potential_ms(simulation)
+        if args.compile_probe and atoms <= 2000:  # once, on the small cell
+            record["compile"] = compile_probe(simulation)
+            print(record["compile"], flush=True)
+        if not args.no_operators:
+            record["operators"] = eager_operators(simulation)
+        records.append(record)
+        text.append(markdown(record))
+        print(text[-1], flush=True)
+        (out / "profile_step.json").write_text(json.dumps(records, indent=1, default=str))
+        (out / "profile_step.md").write_text("\n\n".join(text))
+        del simulation
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
