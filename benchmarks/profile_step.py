@@ -7,7 +7,7 @@ NVT at 300 K, 1 fs, float32, no output; the same set-up as ``md_speed.py``) and 
 * the kernel table of replayed blocks (torch.profiler): kernel, calls per step, ms per step,
   grouped into families (GEMM, cuEquivariance, indexing, element-wise, reductions, ...);
 * the step split by component, each captured in a CUDA graph of its own and replayed:
-  neighbour-list update (skin check and search), the model's edges (compaction to the
+  neighbour search, skin check, the model's edges (compaction to the
   cutoff), the potential (model forward and forces), and the whole step;
 * the aten operators of one eager force evaluation with their input shapes (which operator
   launches which kernels), sorted by their own GPU time.
@@ -120,7 +120,7 @@ def kernel_table(simulation: Simulation, blocks: int) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: -row["ms_per_step"])
 
 
-def graph_ms(function: Any, repeats: int = 20) -> float:
+def graph_ms(function: Any, repeats: int = 20, generators: tuple = ()) -> float:
     """ms per call of ``function`` captured in a CUDA graph and replayed ``repeats`` times."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -129,6 +129,8 @@ def graph_ms(function: Any, repeats: int = 20) -> float:
             function()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    for generator in generators:
+        graph.register_generator_state(generator)
     with torch.cuda.graph(graph):
         function()
     graph.replay()
@@ -151,24 +153,28 @@ def component_split(simulation: Simulation) -> dict[str, float]:
     model_edges = neighbours.cutoff_edges(state, edges)
     stress = force_field.stress
     step = simulation.engine.step_fn
+    from fastmace.md.engine import generators_of
+
+    generators = tuple(generators_of(md))
     work = {
-        "neighbour list update (skin check + search)": lambda: neighbours.update(state, edges),
+        "neighbour search (rebuild)": lambda: neighbours.rebuild(state, edges),
         "skin check only": lambda: neighbours.needs_rebuild(state),
         "model edges (compaction to the cutoff)": lambda: neighbours.cutoff_edges(state, edges),
         "potential (model forward + forces)": lambda: potential(state, model_edges, stress),
-        "whole step (all of the above + integrator)": lambda: step(md, force_field),
+        "one step (search, model edges, potential, integrator)": lambda: step(md, force_field),
     }
     split = {}
     for name, function in work.items():
         try:
-            split[name] = graph_ms(function)
+            split[name] = graph_ms(function, generators=generators)
         except Exception as error:  # record and go on: a profile, not a test
             split[name] = f"{type(error).__name__}: {error}"[:300]
     return split
 
 
 def eager_operators(simulation: Simulation, rows: int = 45) -> str:
-    """aten operators of one eager force evaluation, with input shapes, by own GPU time."""
+    """aten operators of one eager force evaluation, by the GPU time of the kernels each
+    launched itself, grouped by operator and input shapes."""
     from torch.profiler import ProfilerActivity, profile
 
     force_field = simulation.engine.force_field
@@ -178,13 +184,22 @@ def eager_operators(simulation: Simulation, rows: int = 45) -> str:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as p:
         force_field(state)
         torch.cuda.synchronize()
-    averages = p.key_averages(group_by_input_shape=True)
-    for key in ("self_device_time_total", "self_cuda_time_total"):
-        try:
-            return averages.table(sort_by=key, row_limit=rows, max_name_column_width=60)
-        except (AttributeError, KeyError, ValueError):
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+    for event in p.events():
+        if event.device_type != torch.autograd.DeviceType.CPU:
             continue
-    return averages.table(row_limit=rows)
+        own = event.self_device_time_total
+        if own <= 0:
+            continue
+        shapes = str(event.input_shapes)[:70]
+        total = totals[(event.name, shapes)]
+        total[0] += 1
+        total[1] += own / 1000
+    ranked = sorted(totals.items(), key=lambda item: -item[1][1])[:rows]
+    lines = [f"{'ms':>8} {'calls':>5}  operator  input shapes"]
+    for (name, shapes), (calls, ms) in ranked:
+        lines.append(f"{ms:8.3f} {calls:5d}  {name}  {shapes}")
+    return "\n".join(lines)
 
 
 def tf32_potential_ms(simulation: Simulation) -> dict[str, float]:
@@ -203,32 +218,6 @@ def tf32_potential_ms(simulation: Simulation) -> dict[str, float]:
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     return result
-
-
-def cond_probe() -> str:
-    """Can torch.cond be captured in a CUDA graph here (conditional nodes)?"""
-    x = torch.zeros(4, device="cuda")
-    flag = torch.ones((), dtype=torch.bool, device="cuda")
-
-    def yes(v: torch.Tensor) -> torch.Tensor:
-        return v + 1
-
-    def no(v: torch.Tensor) -> torch.Tensor:
-        return v - 1
-
-    try:
-        torch.cond(flag, yes, no, (x,))
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = torch.cond(flag, yes, no, (x,))
-        graph.replay()
-        first = out.clone()
-        flag.fill_(False)
-        graph.replay()
-        torch.cuda.synchronize()
-        return f"captured: true branch -> {first.tolist()}, false branch -> {out.tolist()}"
-    except Exception as error:
-        return f"failed: {type(error).__name__}: {str(error)[:400]}"
 
 
 def compile_probe(simulation: Simulation) -> str:
@@ -296,8 +285,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    records = [{"cond_capture": cond_probe(), "torch": torch.__version__}]
-    print(records[0], flush=True)
+    records: list[dict[str, Any]] = [{"torch": torch.__version__}]
     text = [f"# FastMACE step profile ({torch.cuda.get_device_name()}, torch {torch.__version__})"]
     for atoms in (int(a) for a in args.atoms.split(",")):
         simulation = simulation_for(args.model, atoms, args.backend, args.block_steps)
@@ -316,6 +304,7 @@ def main() -> None:
         if not args.no_operators:
             record["operators"] = eager_operators(simulation)
         records.append(record)
+        record["search_every"] = simulation.engine.force_field.search_every
         text.append(markdown(record))
         print(text[-1], flush=True)
         (out / "profile_step.json").write_text(json.dumps(records, indent=1, default=str))

@@ -95,6 +95,53 @@ def test_neighbour_list_overflow_is_recovered(demo):
     )
 
 
+NO_OUTPUT = OutputSchedule(0, 0, 0)  # blocks of block_steps: no output step splits them
+
+
+def every_step_search(simulation: Simulation) -> Simulation:
+    simulation.engine.force_field.search_every = 1
+    return simulation
+
+
+def test_searching_every_few_steps_gives_the_every_step_trajectory(demo):
+    hot = settings(24, block_steps=8, initial_temperature_K=900.0, schedule=NO_OUTPUT)
+    sparse = Simulation(demo, [copper()], hot)
+    assert sparse.engine.block_steps == 8 and sparse.engine.force_field.search_every > 1
+    result = sparse.run()
+    reference = every_step_search(Simulation(demo, [copper()], hot)).run()
+    # Different rebuild steps change only the order of the sums over edges.
+    np.testing.assert_allclose(
+        result.structures[0].positions, reference.structures[0].positions, atol=1e-9
+    )
+
+
+def test_a_stale_list_redoes_the_block_with_more_searches(demo):
+    # A skin so thin that atoms at 900 K leave it within a few steps: the checks between
+    # searches must catch it, and the redone blocks must give the every-step trajectory.
+    thin = settings(24, block_steps=8, initial_temperature_K=900.0, skin_A=0.02, schedule=NO_OUTPUT)
+    sparse = Simulation(demo, [copper()], thin)
+    sparse.engine.force_field.search_every = 8
+    result = sparse.run()
+    assert sparse.engine.search_halvings >= 1
+    assert sparse.engine.force_field.search_every < 8
+    reference = every_step_search(Simulation(demo, [copper()], thin)).run()
+    np.testing.assert_allclose(
+        result.structures[0].positions, reference.structures[0].positions, atol=1e-9
+    )
+
+
+def test_resume_keeps_the_search_pattern(demo, tmp_path):
+    thin = dict(initial_temperature_K=900.0, skin_A=0.02)  # blocks of 5: checks trip
+    straight = Simulation(demo, [copper()], settings(20, **thin)).run()
+    first = Simulation(demo, [copper()], settings(10, **thin), tmp_path / "run")
+    first.run()
+    halved = first.engine.force_field.search_every
+    resumed_run = Simulation(demo, [copper()], settings(20, **thin), tmp_path / "run", resume=True)
+    assert resumed_run.engine.force_field.search_every == halved
+    resumed = resumed_run.run()
+    assert np.array_equal(resumed.structures[0].positions, straight.structures[0].positions)
+
+
 def test_explosion_stops_the_run_and_keeps_the_last_restart(demo, tmp_path):
     atoms = copper()
     velocities = np.zeros((len(atoms), 3))

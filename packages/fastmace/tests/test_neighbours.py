@@ -206,6 +206,37 @@ def test_large_move_rebuilds(method: str) -> None:
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_check_marks_the_list_stale_only_past_half_the_skin(method: str) -> None:
+    atoms, state, nl, _ = skin_setup(method)
+    step = np.zeros((len(atoms), 3))
+    step[5] = [0.3, 0.3, 0.2]  # |step| = 0.47 < skin / 2
+    state.positions.copy_(torch.as_tensor(atoms.positions + step))
+    with ForbidHostSync():
+        nl.check(state)
+    assert not bool(nl.stale)
+    step[5] = [0.4, 0.3, 0.2]  # 0.54 > skin / 2: a pair may be missing
+    state.positions.copy_(torch.as_tensor(atoms.positions + step))
+    nl.check(state)
+    assert bool(nl.stale)
+    state.positions.copy_(torch.as_tensor(atoms.positions))
+    nl.check(state)
+    assert bool(nl.stale), "stale stays set until the engine redoes the block"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_rebuild_searches_even_when_the_skin_holds(method: str) -> None:
+    atoms, state, nl, edges = skin_setup(method)
+    step = np.random.default_rng(4).normal(scale=0.05, size=(len(atoms), 3))
+    atoms = moved(atoms, step)
+    state.positions.copy_(torch.as_tensor(atoms.positions))
+    assert not bool(nl.needs_rebuild(state))
+    with ForbidHostSync():
+        nl.rebuild(state, edges)
+    assert our_edges(edges) == ase_edges(atoms, CUTOFF + 1.0)
+    assert torch.equal(nl.reference()[0], state.positions), "the reference moves with it"
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_wrapping_an_atom_triggers_a_rebuild(method: str) -> None:
     atoms, state, nl, edges = skin_setup(method)
     atoms = atoms.copy()

@@ -161,6 +161,9 @@ class Simulation:
         if restart is not None:
             self._restore(md, restart.payload)
             self.start_step = restart.step
+            # The same search pattern as the interrupted run, so it continues bit for bit.
+            saved_every = restart.payload["neighbours"].get("search_every")
+            force_field.search_every = int(saved_every or force_field.search_every)
         self.engine = Engine(
             md,
             settings.ensemble.step,
@@ -187,6 +190,8 @@ class Simulation:
             "model_edge_capacity": neighbours.cutoff_capacity,
             "neighbour_method": neighbours.method,
             "regrowths": self.engine.regrowths,
+            "search_every": self.engine.force_field.search_every,
+            "search_halvings": self.engine.search_halvings,
             "capture_failure": self.engine.capture_failure,
         }
         timings = {k: v for k, v in self.timings.items() if math.isfinite(v)}
@@ -250,6 +255,7 @@ class Simulation:
                 "cell": cell.detach().cpu().numpy(),
                 "capacity": neighbours.capacity,
                 "bin_capacity": neighbours.bin_capacity,
+                "search_every": self.engine.force_field.search_every,
             },
             "ensemble": self.settings.ensemble.describe(),
             "timestep_fs": self.settings.timestep_fs,

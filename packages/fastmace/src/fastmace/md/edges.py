@@ -40,10 +40,41 @@ class Edges:
         return int(self.edge_index.shape[1])
 
 
+def per_system_matmul(
+    rows: torch.Tensor, matrices: torch.Tensor, system: torch.Tensor | None
+) -> torch.Tensor:
+    """``rows[i] @ matrices[system[i]]`` for rows of 3 (any leading dims after ``system``'s).
+
+    ``rows`` is (M, ..., 3), ``matrices`` (S, 3, 3) and ``system`` (M,), which may be None when
+    there is one system. With one system this is one GEMM; otherwise a broadcast product and
+    sum. Not an einsum over per-row matrices:
+    that becomes cuBLAS batched GEMV, launched once per 65,535 rows (27 launches and 1.4 ms
+    per MD step at 13,824 atoms on an H200).
+    """
+    if matrices.shape[0] == 1:
+        return rows @ matrices[0]
+    if system is None:
+        raise ValueError(f"{matrices.shape[0]} systems need the system index of every row")
+    gathered = matrices.index_select(0, system)
+    gathered = gathered.view(system.shape + (1,) * (rows.dim() - 1 - system.dim()) + (3, 3))
+    return (rows.unsqueeze(-1) * gathered).sum(-2)
+
+
 def edge_vectors(state: State, edge_index: torch.Tensor, unit_shifts: torch.Tensor) -> torch.Tensor:
     """(E, 3) edge vectors in the state's dtype (float64): receiver - sender + shift @ cell."""
     sender, receiver = edge_index[0], edge_index[1]
-    shifts = torch.einsum(
-        "ei,eij->ej", unit_shifts.to(state.cell.dtype), state.cell[state.system[sender]]
+    positions = state.positions
+    shifts = per_system_matmul(
+        unit_shifts.to(state.cell.dtype), state.cell, systems_of(state, sender)
     )
-    return state.positions[receiver] - state.positions[sender] + shifts
+    return positions.index_select(0, receiver) - positions.index_select(0, sender) + shifts
+
+
+def systems_of(state: State, atoms: torch.Tensor) -> torch.Tensor | None:
+    """The system index of each of ``atoms`` (None for a batch of one: every row is system 0)."""
+    return state.system.index_select(0, atoms) if state.n_systems > 1 else None
+
+
+def systems_of_atoms(state: State) -> torch.Tensor | None:
+    """Every atom's system index (None for a batch of one), for `per_system_matmul`."""
+    return state.system if state.n_systems > 1 else None

@@ -7,6 +7,11 @@ check and rebuild, model, integrator and thermostat noise are all device work. T
 synchronises once per block, to read the overflow flag and the block's energies. On the CPU
 the same code runs uncaptured.
 
+Neighbour searches: inside a block the list is searched on one step in ``search_every`` (a
+fixed pattern, so the captured work is the same every replay) and the other steps only check
+the Verlet skin. If a check finds that a pair may be missing, the block is redone from its start
+with searches twice as often, down to every step; a run's trajectory never uses a stale list.
+
 Overflow: when the neighbour list found more edges (or bin entries) than it has room for, the
 block is wrong. The engine puts the state back as it was at the block's start, grows the list
 (``NeighbourList.grown``), captures again and redoes the block. A non-finite energy or force
@@ -34,24 +39,47 @@ class SimulationError(RuntimeError):
     """The dynamics blew up (a non-finite energy, force or position)."""
 
 
+# The neighbour search (most of the list's cost) runs on one step in this many inside a block;
+# the steps between only check the skin. A block whose check failed is redone with searches
+# twice as often (the engine halves it, down to every step).
+DEFAULT_SEARCH_EVERY = 8
+
+
 class ForceField:
     """The potential on the neighbour list: what the integrators call ``compute``.
 
-    Each call checks the Verlet skin and rebuilds the edges on the device when needed, then
-    evaluates the model on the pairs within its cutoff (`NeighbourList.cutoff_edges`).
-    ``edges`` are the list's fixed-capacity buffers.
+    Each call keeps the list valid, then evaluates the model on the pairs within its cutoff
+    (`NeighbourList.cutoff_edges`). ``edges`` are the list's fixed-capacity buffers. With
+    ``search_every == 1`` every call runs the skin test and rebuilds on the device when needed;
+    otherwise the engine says which calls search (``search_now``: the list is rebuilt) and the
+    others only check the skin, marking the list `stale` if it may miss a pair.
     """
 
     def __init__(
-        self, potential: Potential, neighbours: NeighbourList, edges: Edges, stress: bool
+        self,
+        potential: Potential,
+        neighbours: NeighbourList,
+        edges: Edges,
+        stress: bool,
+        *,
+        search_every: int = DEFAULT_SEARCH_EVERY,
     ) -> None:
+        if search_every < 1:
+            raise ValueError(f"search_every must be at least 1, got {search_every}")
         self.potential = potential
         self.neighbours = neighbours
         self.edges = edges
         self.stress = stress
+        self.search_every = search_every
+        self.search_now = True
 
     def __call__(self, state: State) -> ForceResult:
-        self.edges = self.neighbours.update(state, self.edges)
+        if self.search_every == 1:
+            self.edges = self.neighbours.update(state, self.edges)
+        elif self.search_now:
+            self.edges = self.neighbours.rebuild(state, self.edges)
+        else:
+            self.neighbours.check(state)
         out = self.potential(state, self.model_edges(state), compute_stress=self.stress)
         return ForceResult(out.energy, out.forces, out.stress if self.stress else None)
 
@@ -67,6 +95,8 @@ class BlockReport:
     step: int
     rebuilt_capacity: bool
     """True when this block overflowed and was redone with a larger neighbour list."""
+    searched_more_often: bool = False
+    """True when this block's skin check failed and it was redone with more searches."""
 
 
 def tensors_of(md: MDState) -> Iterator[tuple[str, torch.Tensor]]:
@@ -135,12 +165,17 @@ class Engine:
         self.capture_failure: str | None = None  # why graphs were given up, if they were
         self.steps_done = 0
         self.regrowths = 0
+        self.search_halvings = 0  # blocks redone with more frequent neighbour searches
 
     # -- one block -------------------------------------------------------------------------
 
     def _advance(self, md: MDState, steps: int | None = None) -> MDState:
-        for _ in range(self.block_steps if steps is None else steps):
-            md = self.step_fn(md, self.force_field)
+        force_field = self.force_field
+        for index in range(self.block_steps if steps is None else steps):
+            # A fixed pattern within the block, so a captured block replays the same work.
+            force_field.search_now = index % force_field.search_every == 0
+            md = self.step_fn(md, force_field)
+        force_field.search_now = True
         return md
 
     def _run_eager(self, steps: int | None = None) -> None:
@@ -192,21 +227,32 @@ class Engine:
         steps = self.block_steps if steps is None else steps
         start = own_tensors(self.md)
         generator_states = [g.get_state() for g in generators_of(self.md)]
-        regrown = False
+        regrown = searched_more = False
         while True:
             self._launch(steps)
-            edges = self.force_field.edges
+            neighbours = self.force_field.neighbours
             flags = torch.stack(
                 [
-                    edges.overflow.to(torch.float64),
+                    self.force_field.edges.overflow.to(torch.float64),
                     torch.isfinite(self.md.energy).all().to(torch.float64),
                     torch.isfinite(self.md.state.positions).all().to(torch.float64),
+                    neighbours.stale.to(torch.float64),
                 ]
             ).cpu()  # fmt: skip  (the block's one host synchronisation)
-            if not bool(flags[0]):
+            overflow, stale = bool(flags[0]), bool(flags[3])
+            if not (overflow or stale):
                 break
-            self._regrow(start, generator_states)
-            regrown = True
+            self._put_back(start, generator_states)
+            if stale:
+                self._search_more_often()
+                searched_more = True
+            if overflow:
+                self._regrow()
+                regrown = True
+            else:
+                self.force_field.edges = neighbours.build(self.md.state)
+                neighbours.stale.zero_()
+                self.graph = None  # the schedule changed: capture again
         if not (bool(flags[1]) and bool(flags[2])):
             raise SimulationError(
                 "the simulation blew up: a non-finite energy or position appeared in the last "
@@ -214,12 +260,19 @@ class Engine:
                 "atoms that are too close, or check that the model covers these elements"
             )
         self.steps_done += steps
-        return BlockReport(self.steps_done, regrown)
+        return BlockReport(self.steps_done, regrown, searched_more)
 
-    def _regrow(self, start: MDState, generator_states: list[torch.Tensor]) -> None:
+    def _put_back(self, start: MDState, generator_states: list[torch.Tensor]) -> None:
+        """The state and random generators as they were at the start of the block."""
         copy_into(self.md, start)
         for generator, state in zip(generators_of(self.md), generator_states, strict=True):
             generator.set_state(state)
+
+    def _search_more_often(self) -> None:
+        self.force_field.search_every = max(1, self.force_field.search_every // 2)
+        self.search_halvings += 1
+
+    def _regrow(self) -> None:
         grown = self.force_field.neighbours.grown(self.md.state)
         self.force_field.neighbours = grown
         self.force_field.edges = grown.build(self.md.state)

@@ -74,7 +74,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fastmace.md.edges import Edges, edge_vectors
+from fastmace.md.edges import Edges, edge_vectors, per_system_matmul, systems_of_atoms
 from fastmace.md.state import POSITION_DTYPE, State
 
 METHODS = ("auto", "dense", "binned")
@@ -188,6 +188,8 @@ class NeighbourList:
         self._peak_count = torch.zeros((), dtype=torch.int64, device=device)
         self._peak_occupancy = torch.zeros((), dtype=torch.int64, device=device)
         self._stencil_broken = torch.zeros((), dtype=torch.bool, device=device)
+        # Set by `check` when a pair may be missing (no search ran when one was needed).
+        self.stale = torch.zeros((), dtype=torch.bool, device=device)
 
     @property
     def radius(self) -> float:
@@ -214,7 +216,9 @@ class NeighbourList:
             cell_change = state.cell - self._ref_cell
             moved = state.positions - self._ref_positions
             # Displacement in the frame of the build's wrapped images, so cell changes count.
-            moved = moved - torch.einsum("nk,nkd->nd", self._ref_offsets, cell_change[state.system])
+            moved = moved - per_system_matmul(
+                self._ref_offsets, cell_change, systems_of_atoms(state)
+            )
             largest = torch.zeros(state.n_systems, dtype=moved.dtype, device=moved.device)
             largest = largest.scatter_reduce(0, state.system, moved.norm(dim=-1), "amax")
             image_change = (self.grid.max_image * cell_change.norm(dim=-1)).sum(dim=-1)
@@ -227,14 +231,36 @@ class NeighbourList:
         call has the same shapes and kernels whatever the data. ``overflow`` only ever grows.
         """
         with torch.no_grad():
-            rebuild = self.needs_rebuild(state)
-            found = self._search(state, edges.capacity, self.bin_capacity)
-            edges.edge_index.copy_(torch.where(rebuild, found.edge_index, edges.edge_index))
-            edges.unit_shifts.copy_(torch.where(rebuild, found.unit_shifts, edges.unit_shifts))
-            edges.mask.copy_(torch.where(rebuild, found.mask, edges.mask))
-            edges.count.copy_(torch.where(rebuild, found.count, edges.count))
-            edges.overflow.copy_(edges.overflow | (rebuild & found.overflow))
-            self._remember(rebuild, state, found)
+            return self._replace(self.needs_rebuild(state), state, edges)
+
+    def rebuild(self, state: State, edges: Edges) -> Edges:
+        """Search now and replace ``edges`` in place, needed or not; device work only.
+
+        With `check` on the steps in between, this lets a captured block search every few
+        steps instead of every step (the search is most of the list's cost).
+        """
+        with torch.no_grad():
+            return self._replace(
+                torch.ones((), dtype=torch.bool, device=state.device), state, edges
+            )
+
+    def check(self, state: State) -> None:
+        """The skin test without a search: sets `stale` if the list may now miss a pair.
+
+        A block that used `check` and ended with `stale` set is wrong and must be redone with
+        more frequent searches (the engine does this). Device work only.
+        """
+        with torch.no_grad():
+            self.stale.copy_(self.stale | self.needs_rebuild(state))
+
+    def _replace(self, rebuild: torch.Tensor, state: State, edges: Edges) -> Edges:
+        found = self._search(state, edges.capacity, self.bin_capacity)
+        edges.edge_index.copy_(torch.where(rebuild, found.edge_index, edges.edge_index))
+        edges.unit_shifts.copy_(torch.where(rebuild, found.unit_shifts, edges.unit_shifts))
+        edges.mask.copy_(torch.where(rebuild, found.mask, edges.mask))
+        edges.count.copy_(torch.where(rebuild, found.count, edges.count))
+        edges.overflow.copy_(edges.overflow | (rebuild & found.overflow))
+        self._remember(rebuild, state, found)
         return edges
 
     def cutoff_edges(self, state: State, edges: Edges) -> Edges:
@@ -365,7 +391,8 @@ class NeighbourList:
             stop = min(start + chunk, n_atoms)
             centre = torch.arange(start, stop, device=device)
             other, image = _candidates(grid, table, coord[start:stop], system[start:stop])
-            image_vector = torch.einsum("nqk,nkd->nqd", image, cell[system[start:stop]])
+            chunk_systems = None if state.n_systems == 1 else system[start:stop]
+            image_vector = per_system_matmul(image, cell, chunk_systems)
             vector = wrapped[other.clamp(min=0)] + image_vector[:, :, None, :]
             vector = vector - wrapped[start:stop, None, None, :]
             itself = (other == centre[:, None, None]) & (image == 0).all(dim=-1)[:, :, None]
@@ -450,11 +477,12 @@ def _locate(grid: _Grid, state: State) -> tuple[torch.Tensor, ...]:
     """
     positions, cell, system = state.positions, state.cell, state.system
     reciprocal = _reciprocal(_current_basis(grid, cell))
-    fractional = torch.einsum("nd,ndk->nk", positions, reciprocal[system])
+    atom_systems = systems_of_atoms(state)
+    fractional = per_system_matmul(positions, reciprocal, atom_systems)
     periodic = grid.periodic[system]
     offsets = torch.where(periodic, torch.floor(fractional), torch.zeros_like(fractional))
     fractional = fractional - offsets
-    wrapped = positions - torch.einsum("nk,nkd->nd", offsets, cell[system])
+    wrapped = positions - per_system_matmul(offsets, cell, atom_systems)
     bins = grid.bins[system]
     coord = torch.floor((fractional - grid.origin[system]) / grid.width[system])
     # Clamp after the integer conversion too: rounding (and NaN) must never index outside.

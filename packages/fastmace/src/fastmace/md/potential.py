@@ -36,7 +36,13 @@ import ase
 import numpy as np
 import torch
 
-from fastmace.md.edges import Edges, edge_vectors
+from fastmace.md.edges import (
+    Edges,
+    edge_vectors,
+    per_system_matmul,
+    systems_of,
+    systems_of_atoms,
+)
 from fastmace.md.state import State
 from fastmace.models.backends import rounding_tolerances
 from fastmace.models.loading import default_dtype, model_device, model_dtype
@@ -204,24 +210,33 @@ class Potential(torch.nn.Module):
         cell = state.cell.to(dtype)
         displacement = None
         if compute_stress:
-            positions_moved, cell_moved, displacement = _strained(positions, cell, state.system)
+            positions_moved, cell_moved, displacement = _strained(
+                positions, cell, systems_of_atoms(state)
+            )
         else:
             positions_moved, cell_moved = positions, cell
         unit_shifts = unit_shifts.to(dtype)
-        shifts = torch.einsum("ei,eij->ej", unit_shifts, cell_moved[state.system[edge_index[0]]])
+        shifts = per_system_matmul(unit_shifts, cell_moved, systems_of(state, edge_index[0]))
         # Rerouted edges: self-edges of the padding node (index n_atoms) with a fixed vector.
         shifts = torch.where(real.unsqueeze(-1), shifts, self.padding_shift)
         edge_index = torch.where(real, edge_index, n_atoms)
+        padded = torch.cat([positions_moved, positions_moved.new_zeros(1, 3)])
+        # The edge vectors are formed here and handed to the model as its "shifts", with all
+        # positions zero: mace's receiver - sender + shift is then exactly these vectors.
+        # index_select's backward is an atomic index_add; mace's own x[index] gathers would
+        # be differentiated by a sort-based kernel, 4.6 ms per step at 13,824 atoms (H200).
+        vectors = padded.index_select(0, edge_index[1]) - padded.index_select(0, edge_index[0])
+        vectors = vectors + shifts
         padding_system = torch.full((1,), n_systems, dtype=torch.int64, device=device)
         batch = torch.cat([state.system, padding_system])
         boundaries = torch.arange(n_systems + 2, dtype=torch.int64, device=device)
         data = {
-            "positions": torch.cat([positions_moved, positions_moved.new_zeros(1, 3)]),
+            "positions": torch.zeros_like(padded),
             "node_attrs": torch.cat(
                 [self.node_attr_table[state.atomic_numbers], self._padding_node_attrs()]
             ),
             "edge_index": edge_index,
-            "shifts": shifts,
+            "shifts": vectors,
             "unit_shifts": unit_shifts,
             "cell": torch.cat([cell_moved, cell_moved.new_zeros(1, 3, 3)]).view(-1, 3),
             "batch": batch,
@@ -334,7 +349,7 @@ def _real_edges(
 
 
 def _strained(
-    positions: torch.Tensor, cell: torch.Tensor, system: torch.Tensor
+    positions: torch.Tensor, cell: torch.Tensor, system: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Positions and cells under a symmetric strain ε = 0 that autograd can differentiate.
 
@@ -345,7 +360,7 @@ def _strained(
         (cell.shape[0], 3, 3), dtype=positions.dtype, device=positions.device
     ).requires_grad_(True)
     strain = 0.5 * (displacement + displacement.transpose(-1, -2))
-    positions_moved = positions + torch.einsum("ni,nij->nj", positions, strain[system])
+    positions_moved = positions + per_system_matmul(positions, strain, system)
     cell_moved = cell + torch.matmul(cell, strain)
     return positions_moved, cell_moved, displacement
 
