@@ -420,3 +420,23 @@ def test_stress_only_when_asked_and_no_process_wide_change():
     assert output.stress is None and output.virial is None
     assert output.energy.shape == (1,) and output.forces.shape == (1, 3)
     assert torch.get_default_dtype() == default
+
+
+def test_tf32_precision_is_set_for_the_model_call_only():
+    model = copy.deepcopy(model_of("tiny", torch.float32))  # the hook stays on this copy
+    seen = []
+    model.register_forward_pre_hook(
+        lambda module, args: seen.append(torch.backends.cuda.matmul.fp32_precision)
+    )
+    before = torch.backends.cuda.matmul.fp32_precision
+    _, plain = run(Potential(model, [29]), [copper_supercell()])
+    _, fast = run(Potential(model, [29], precision="tf32"), [copper_supercell()])
+    assert seen == [before, "tf32"]
+    assert torch.backends.cuda.matmul.fp32_precision == before
+    # On the CPU the switch changes no arithmetic: the same numbers, bit for bit.
+    assert torch.equal(plain.forces, fast.forces)
+
+
+def test_an_unknown_precision_is_refused():
+    with pytest.raises(ValueError, match="float32, tf32"):
+        Potential(model_of("tiny", torch.float32), [29], precision="bf16")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 ENERGY_DTYPE = torch.float64  # energies are summed and forces returned in float64
 SUPPORTED_MODEL_TYPES = ("MACE", "ScaleShiftMACE")
+PRECISIONS = ("float32", "tf32")  # how a float32 model's GEMMs run (see Potential)
 _MAX_ATOMIC_NUMBER = 118
 
 
@@ -101,6 +102,11 @@ class Potential(torch.nn.Module):
         compile: run the model's forward through ``torch.compile`` (Inductor; fixed shapes, so
             one compilation per list capacity). Compilation happens at the first call, and
             its caches live in the cache root (docs/environment.md).
+        precision: "float32" (default): the model's float32 GEMMs run in float32, and results
+            are within float32 rounding of the float64 reference; "tf32": on CUDA, its GEMMs
+            (the radial MLPs and linear layers) run on TF32 tensor cores, faster and with
+            looser numbers (docs/md.md states the tolerance the gate holds them to). Only the
+            model call is affected: torch's TF32 switch is set for it and put back after.
     """
 
     def __init__(
@@ -110,9 +116,15 @@ class Potential(torch.nn.Module):
         head: str | None = None,
         *,
         compile: bool = False,
+        precision: str = "float32",
     ) -> None:
         super().__init__()
         _check_model(model)
+        if precision not in PRECISIONS:
+            raise ValueError(
+                f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}"
+            )
+        self.precision = precision
         self.model = model
         self.compiled = bool(compile)
         # A plain function, not a submodule: the model is registered once, as ``model``.
@@ -132,10 +144,15 @@ class Potential(torch.nn.Module):
 
     @classmethod
     def from_loaded(
-        cls, loaded: LoadedModel, species: Iterable[int] | torch.Tensor, *, compile: bool = False
+        cls,
+        loaded: LoadedModel,
+        species: Iterable[int] | torch.Tensor,
+        *,
+        compile: bool = False,
+        precision: str = "float32",
     ) -> Potential:
         """The potential of an ``fm.load`` result: its converted module and its head."""
-        return cls(loaded.module, species, head=loaded.head, compile=compile)
+        return cls(loaded.module, species, head=loaded.head, compile=compile, precision=precision)
 
     def check_species(self, species: Iterable[int] | torch.Tensor) -> None:
         """Raise UnsupportedSpeciesError unless the model knows every element of ``species``.
@@ -170,7 +187,7 @@ class Potential(torch.nn.Module):
         settings = _compile_settings() if self.compiled else contextlib.nullcontext()
         with torch.enable_grad(), settings:
             graph = self._graph(state, edges, compute_stress)
-            with default_dtype(self.node_attr_table.dtype):
+            with default_dtype(self.node_attr_table.dtype), _matmul_precision(self.precision):
                 call = self._compiled_call or self.model
                 output = call(graph.data, training=False, compute_force=False)
             node_energy = output["node_energy"][: state.n_atoms].to(ENERGY_DTYPE)
@@ -248,6 +265,33 @@ class Potential(torch.nn.Module):
     def _padding_node_attrs(self) -> torch.Tensor:
         """The padding node is an atom of the model's first element (any known one would do)."""
         return self.node_attr_table[self.model_species[0]].unsqueeze(0)
+
+
+@contextlib.contextmanager
+def _matmul_precision(precision: str) -> Iterator[None]:
+    """torch's float32 GEMM precision for one model call (TF32 when asked), then put back.
+
+    Uses torch's newer ``fp32_precision`` switch where it exists: torch refuses a mix of it and
+    the older ``allow_tf32`` in one process. Inside a CUDA graph capture, the GEMMs recorded
+    keep the precision they were captured with.
+    """
+    if precision != "tf32":
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    newer = hasattr(matmul, "fp32_precision")
+    before = matmul.fp32_precision if newer else matmul.allow_tf32
+    if newer:
+        matmul.fp32_precision = "tf32"
+    else:
+        matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        if newer:
+            matmul.fp32_precision = before
+        else:
+            matmul.allow_tf32 = before
 
 
 def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
