@@ -37,8 +37,7 @@ def settings(steps: int, **changes) -> RunSettings:
         seed=7,
         schedule=OutputSchedule(trajectory_every=5, thermo_every=5, restart_every=10),
         initial_temperature_K=300.0,
-        block_steps=5,
-    )
+    )  # the schedule makes K = 5
     values.update(changes)
     return RunSettings(**values)
 

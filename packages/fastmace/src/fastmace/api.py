@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import ase
 import ase.io
 
-from fastmace.md.defaults import DEFAULT_BLOCK_STEPS, DEFAULT_SKIN_A, ENSEMBLE_SETTINGS
+from fastmace.vocabulary import ENSEMBLE_SETTINGS, GPA_PER_BAR
 
 if TYPE_CHECKING:
     from fastmace.planner import EngineConfig
@@ -54,8 +54,34 @@ def _pressure_GPa(settings: dict[str, Any]) -> float | None:
     if settings.get("pressure_GPa") is not None:
         return float(settings["pressure_GPa"])
     if settings.get("pressure_bar") is not None:
-        return float(settings["pressure_bar"]) * 1e-4
+        return float(settings["pressure_bar"]) * GPA_PER_BAR
     return None
+
+
+# fm.md's keywords that force an engine setting, and the EngineConfig field each one is.
+ENGINE_KEYWORDS = {
+    "backend": "backend", "dtype": "dtype", "block_steps": "block_steps", "skin_A": "skin_A",
+    "capture": "graphs",
+}  # fmt: skip
+
+
+def engine_config(config: EngineConfig | None, **keywords: Any) -> EngineConfig:
+    """The one EngineConfig of a run: ``config`` with fm.md's keywords (``ENGINE_KEYWORDS``)
+    forced on top; a setting forced both ways, to different values, is refused."""
+    from fastmace.planner import EngineConfig
+
+    values = config.to_dict() if config is not None else {}
+    for keyword, value in keywords.items():
+        name = ENGINE_KEYWORDS[keyword]
+        if value is None or (name == "backend" and value == "auto"):
+            continue
+        if values.get(name) is not None and values[name] != value:
+            raise ValueError(
+                f"fm.md got {keyword}={value!r} and config=EngineConfig({name}="
+                f"{values[name]!r}): force each setting once"
+            )
+        values[name] = value
+    return EngineConfig(**values)
 
 
 def md(
@@ -106,8 +132,10 @@ def md(
     How it runs is planned (:mod:`fastmace.planner`): backend, dtype, graphs, block length,
     skin and the environment variables, each decision with its reason (in the report and
     metadata.json). ``device``, ``dtype``, ``backend``, ``block_steps``, ``skin_A`` and
-    ``capture`` force a decision, as does ``config`` (an ``fm.EngineConfig``);
-    ``reproducible=True`` sets the determinism variables.
+    ``capture`` force a decision, as does ``config`` (an ``fm.EngineConfig``): the keywords
+    are set on that config (``ENGINE_KEYWORDS``), so a setting forced both ways must agree.
+    The plan is the one carrier of these settings to the model, the engine and the neighbour
+    list. ``reproducible=True`` sets the determinism variables.
 
     ``check="gate"`` compares the model as the engine runs it with mace-torch's float64 e3nn
     model on the structure (the first of a batch; above 4096 atoms the cell before ``repeat``,
@@ -152,15 +180,12 @@ def md(
         has_velocities = any(abs(atoms.get_velocities()).max() > 0 for atoms in structures)
         if not has_velocities:
             initial_temperature_K = ensemble_settings.get("temperature_K")
-    from fastmace.planner import EngineConfig as Config
     from fastmace.planner import Workload, make_plan, probe_availabilities
 
-    forced = {
-        "backend": None if backend in (None, "auto") else backend, "dtype": dtype,
-        "block_steps": block_steps, "skin_A": skin_A, "graphs": capture,
-    }  # fmt: skip
-    base = config.to_dict() if config is not None else {}
-    config = Config(**{**base, **{k: v for k, v in forced.items() if v is not None}})
+    config = engine_config(
+        config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,
+        capture=capture,
+    )  # fmt: skip
     workload = Workload.from_structures(
         structures, ensemble=chosen.name, temperature_K=chosen.settings.get("temperature_K"),
         pressure_GPa=_pressure_GPa(chosen.settings), steps=steps, timestep_fs=timestep_fs,
@@ -176,15 +201,11 @@ def md(
         seed=seed,
         schedule=OutputSchedule(trajectory_every, thermo_every, restart_every),
         initial_temperature_K=initial_temperature_K,
-        block_steps=engine["block_steps"] or DEFAULT_BLOCK_STEPS,
-        skin_A=engine["skin_A"] or DEFAULT_SKIN_A,
-        capture=engine["capture"],
-        compile=engine["compile"],
         trajectory_format=trajectory_format,
     )
     loaded = load(
-        model, head=head, checkpoint=checkpoint, download=False, backend=engine["backend"],
-        device=engine["device"], dtype=engine["dtype"], seed=seed,
+        model, head=head, checkpoint=checkpoint, download=False, backend=engine.backend,
+        device=engine.device, dtype=engine.dtype, seed=seed,
     )  # fmt: skip
     gate, fallbacks = None, []
     if check == "gate":

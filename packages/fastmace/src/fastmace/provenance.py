@@ -30,7 +30,8 @@ from fastmace.runtime.driver import nvidia_driver_version
 
 if TYPE_CHECKING:
     from fastmace.models.load import LoadedModel
-    from fastmace.simulation import RunSettings
+    from fastmace.planner import EngineSettings
+    from fastmace.runs import RunSettings
 
 SCHEMA_VERSION = 1
 SCHEMA = Path(__file__).with_name("schemas") / "metadata.schema.json"
@@ -148,7 +149,8 @@ def structures_record(structures: Sequence[ase.Atoms]) -> list[dict[str, Any]]:
     ]
 
 
-def settings_record(settings: RunSettings) -> dict[str, Any]:
+def settings_record(settings: RunSettings, engine: EngineSettings) -> dict[str, Any]:
+    """What was asked for; the block length, skin and graphs are the engine settings'."""
     return {
         "ensemble": settings.ensemble.name,
         "ensemble_settings": dict(settings.ensemble.settings),
@@ -157,9 +159,9 @@ def settings_record(settings: RunSettings) -> dict[str, Any]:
         "seed": settings.seed,
         "initial_temperature_K": settings.initial_temperature_K,
         "schedule": dataclasses.asdict(settings.schedule),
-        "block_steps": settings.block_steps,
-        "skin_A": settings.skin_A,
-        "capture": settings.capture,
+        "block_steps": engine.block_steps,
+        "skin_A": engine.skin_A,
+        "capture": engine.graphs,
         "trajectory_format": settings.trajectory_format,
     }
 
@@ -177,6 +179,7 @@ def run_metadata(
     model: LoadedModel,
     structures: Sequence[ase.Atoms],
     settings: RunSettings,
+    engine_settings: EngineSettings,
     engine: dict[str, Any],
     status: str,
     timings: dict[str, float],
@@ -200,7 +203,7 @@ def run_metadata(
         "device": device_record(model.device),
         "model": model_record(model),
         "structures": structures_record(structures),
-        "settings": settings_record(settings),
+        "settings": settings_record(settings, engine_settings),
         "engine": engine,
         "plan": plan,
         "gate": gate,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastmace.md.defaults import ENSEMBLE_SETTINGS
+from fastmace.vocabulary import ENSEMBLE_SETTINGS
 
 # Keys of a run config (TOML) besides the ensemble settings: fm.md's other arguments.
 RUN_KEYS = (

@@ -76,12 +76,9 @@ import torch
 
 from fastmace.md.edges import Edges, edge_vectors
 from fastmace.md.state import POSITION_DTYPE, State
+from fastmace.vocabulary import CUTOFF_HEADROOM, NEIGHBOUR_HEADROOM
 
 METHODS = ("auto", "dense", "binned")
-DEFAULT_HEADROOM = 1.25  # capacities are the initial need times this
-# The model's edge buffer (pairs within the cutoff) is sized tighter: it is what the model
-# pays for, slot by slot, and its count moves far less than a whole rebuild's.
-DEFAULT_CUTOFF_HEADROOM = 1.1
 DEFAULT_CELL_MARGIN = 0.05  # bins are planned this much wider, so a cell may shrink by ~5 %
 DEFAULT_CHUNK_CANDIDATES = 1 << 24  # candidate pairs examined at once (~2 GB of scratch)
 
@@ -148,8 +145,8 @@ class NeighbourList:
         cutoff_capacity: int | None = None,
         bin_capacity: int | None = None,
         method: str = "auto",
-        headroom: float = DEFAULT_HEADROOM,
-        cutoff_headroom: float = DEFAULT_CUTOFF_HEADROOM,
+        headroom: float = NEIGHBOUR_HEADROOM,
+        cutoff_headroom: float = CUTOFF_HEADROOM,
         cell_margin: float = DEFAULT_CELL_MARGIN,
         chunk_candidates: int = DEFAULT_CHUNK_CANDIDATES,
     ) -> None:

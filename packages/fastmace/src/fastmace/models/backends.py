@@ -26,8 +26,7 @@ from fastmace.models.loading import (
     model_dtype,
 )
 from fastmace.models.reference import check_structure, evaluate
-
-BACKENDS = ("e3nn", "cueq", "oeq", "hybrid")
+from fastmace.vocabulary import BACKENDS
 
 
 class BackendUnavailableError(RuntimeError):

@@ -15,13 +15,10 @@ import numpy as np
 import torch
 
 from fastmace.md.state import POSITION_DTYPE, State
+from fastmace.vocabulary import MAX_TIMESTEP_FS
 
 if TYPE_CHECKING:
     from fastmace.md.integrators.common import ForceResult
-
-MAX_TIMESTEP_FS = 10.0
-"""No MACE model of interest is stable beyond this; a larger value is almost always a unit
-mistake (ASE time units or ps instead of fs)."""
 
 PerSystem = float | Sequence[float] | np.ndarray | torch.Tensor
 """A parameter given once for the whole batch, or once per system."""
