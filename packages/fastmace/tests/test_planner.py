@@ -637,12 +637,13 @@ PURE = (
     "plan = make_plan(Workload(atoms_per_system=(8,), species=(29,), temperatures_K=300.0),"
     " EngineConfig(), found)\n"
     "plan.describe(); json.dumps(plan.to_dict())\n"
-    "heavy = ('torch', 'mace', 'e3nn', 'cuequivariance_torch', 'openequivariance')\n"
+    "heavy = ('torch', 'mace', 'e3nn', 'cuequivariance_torch', 'openequivariance',\n"
+    "         'fastmace.md', 'fastmace.models', 'fastmace.gate', 'fastmace.oeq')\n"
     "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
 )
 
 
-def test_planning_imports_no_torch(clean_env) -> None:
+def test_planning_imports_neither_torch_nor_md_nor_models(clean_env) -> None:
     result = run_python(PURE, clean_env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []

@@ -140,7 +140,7 @@ def md(
     ``check="gate"`` compares the model as the engine runs it with mace-torch's float64 e3nn
     model on the structure (the first of a batch; above 4096 atoms the cell before ``repeat``,
     a periodic sub-cell the structure repeats, or else a cluster cut from it:
-    :mod:`fastmace.planner.reduce`), in a child process, before the run; a backend that fails
+    :mod:`fastmace.gate.reduce`), in a child process, before the run; a backend that fails
     is replaced by the next one (cuEq -> hybrid -> e3nn) and the failure recorded.
 
     ``runner`` (an ``fm.RunnerConfig``) with ``subprocess=True`` runs all this in a child
@@ -209,8 +209,7 @@ def md(
     )  # fmt: skip
     gate, fallbacks = None, []
     if check == "gate":
-        from fastmace.planner.fallback import gate_with_fallback
-        from fastmace.planner.reduce import reduced_structure
+        from fastmace.gate import gate_with_fallback, reduced_structure
 
         candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
         checked = reduced_structure(structures[0], units[0])

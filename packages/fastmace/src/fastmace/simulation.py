@@ -57,7 +57,7 @@ class Simulation:
         self.engine_settings = _engine_settings(engine, plan)
         # metadata.json's runner record (fastmace.runner.runner_record): in a child process?
         self.runner = runner or {"subprocess": False, "environment": []}
-        self.gate = gate  # a fastmace.planner.gate.GateResult, when the run was checked
+        self.gate = gate  # a fastmace.gate.GateResult, when the run was checked
         self.fallbacks = list(fallbacks)
         check_structures(structures, model.description.atomic_numbers)
         self.model = model

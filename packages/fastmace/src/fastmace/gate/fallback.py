@@ -14,9 +14,9 @@ from typing import Any
 
 import ase
 
+from fastmace.gate.check import GateError, GateResult, run_gate
 from fastmace.models.backends import availability
 from fastmace.models.load import LoadedModel, load
-from fastmace.planner.gate import GateError, GateResult, run_gate
 from fastmace.vocabulary import CUDA_BACKEND_ORDER
 
 
