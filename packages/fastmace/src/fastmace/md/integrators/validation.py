@@ -9,16 +9,12 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from fastmace.md.state import POSITION_DTYPE, State
+from fastmace.md.state import POSITION_DTYPE, ForceResult, State
 from fastmace.vocabulary import MAX_TIMESTEP_FS
-
-if TYPE_CHECKING:
-    from fastmace.md.integrators.common import ForceResult
 
 PerSystem = float | Sequence[float] | np.ndarray | torch.Tensor
 """A parameter given once for the whole batch, or once per system."""
