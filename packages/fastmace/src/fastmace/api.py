@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -10,10 +12,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 import ase
 import ase.io
 
+from fastmace.runtime import environment
 from fastmace.vocabulary import ENSEMBLE_SETTINGS, GPA_PER_BAR
 
 if TYPE_CHECKING:
-    from fastmace.planner import EngineConfig
+    from fastmace.planner import EngineConfig, Plan
     from fastmace.runner import RunnerConfig
     from fastmace.simulation import MDResult
 
@@ -82,6 +85,20 @@ def engine_config(config: EngineConfig | None, **keywords: Any) -> EngineConfig:
             )
         values[name] = value
     return EngineConfig(**values)
+
+
+def _say_if_cuda_started(plan: Plan) -> None:
+    """Warn when the plan's variables come too late: CUDA reads them when it starts."""
+    torch = sys.modules.get("torch")
+    if not plan.environment or torch is None or not torch.cuda.is_initialized():
+        return
+    names = ", ".join(setting.name for setting in plan.environment)
+    warnings.warn(
+        f"CUDA has already started in this process, so the plan's {names} may not take "
+        "effect (CUDA and cuBLAS read them when they start); run with "
+        "runner=fm.RunnerConfig(subprocess=True) to give the run a fresh process",
+        stacklevel=3,
+    )
 
 
 def md(
@@ -192,7 +209,6 @@ def md(
         reproducible=reproducible, device=device or "auto",
     )  # fmt: skip
     plan = make_plan(workload, config, probe_availabilities())
-    plan.apply_environment()  # before CUDA starts: allocator, emulation, determinism
     engine = plan.engine_settings()
     settings = RunSettings(
         ensemble=chosen,
@@ -203,24 +219,28 @@ def md(
         initial_temperature_K=initial_temperature_K,
         trajectory_format=trajectory_format,
     )
-    loaded = load(
-        model, head=head, checkpoint=checkpoint, download=False, backend=engine.backend,
-        device=engine.device, dtype=engine.dtype, seed=seed,
-    )  # fmt: skip
-    gate, fallbacks = None, []
-    if check == "gate":
-        from fastmace.gate import gate_with_fallback, reduced_structure
-
-        candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
-        checked = reduced_structure(structures[0], units[0])
-        gated = gate_with_fallback(
-            loaded, checked.atoms, candidates=candidates, environment=runner.environment,
-            structure=checked.description,
+    # The plan's variables hold for this run only: the user's environment is given back after.
+    with environment.restored(plan.environment_values()):
+        plan.apply_environment()  # before CUDA starts: allocator, emulation, determinism
+        _say_if_cuda_started(plan)
+        loaded = load(
+            model, head=head, checkpoint=checkpoint, download=False, backend=engine.backend,
+            device=engine.device, dtype=engine.dtype, seed=seed,
         )  # fmt: skip
-        loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
-    simulation = Simulation(
-        loaded, structures, settings, output, resume=resume, progress=progress,
-        gate=gate, fallbacks=fallbacks, plan=plan,
-        runner=runner_record(runner, in_child=_in_child_process),
-    )  # fmt: skip
-    return simulation.run()
+        gate, fallbacks = None, []
+        if check == "gate":
+            from fastmace.gate import gate_with_fallback, reduced_structure
+
+            candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
+            checked = reduced_structure(structures[0], units[0])
+            gated = gate_with_fallback(
+                loaded, checked.atoms, candidates=candidates, environment=runner.environment,
+                structure=checked.description,
+            )  # fmt: skip
+            loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
+        simulation = Simulation(
+            loaded, structures, settings, output, resume=resume, progress=progress,
+            gate=gate, fallbacks=fallbacks, plan=plan,
+            runner=runner_record(runner, in_child=_in_child_process),
+        )  # fmt: skip
+        return simulation.run()

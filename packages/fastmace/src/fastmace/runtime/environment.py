@@ -12,7 +12,8 @@ import getpass
 import os
 import re
 import tempfile
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,6 +255,23 @@ def overwrite(
     before = env.get(name)
     env[name] = value
     _changes.append(Change(name, before, value, reason))
+
+
+@contextmanager
+def restored(
+    names: Iterable[str], environ: MutableMapping[str, str] | None = None
+) -> Iterator[None]:
+    """Put the variables ``names`` back as they were (set or unset) when the block ends."""
+    env = os.environ if environ is None else environ
+    saved = {name: env.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
 
 
 def child_environment(
