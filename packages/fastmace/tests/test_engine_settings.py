@@ -78,3 +78,10 @@ def test_fm_md_keywords_and_config_make_one_engine_config() -> None:
         engine_config(EngineConfig(skin_A=0.3), skin_A=0.4)
     with pytest.raises(ValueError, match=r"capture=True.*graphs=False"):
         engine_config(EngineConfig(graphs=False), capture=True)
+
+
+def test_a_forced_capacity_too_small_grows_before_the_first_step(tmp_path) -> None:
+    """The set-up recovers from an overflow of the first forces, as the engine does later."""
+    document = run(tmp_path, config=EngineConfig(edge_capacity=1))
+    assert document["engine"]["edge_capacity"] > 1
+    assert document["plan"]["decisions"]["edge_capacity"]["value"] == 1

@@ -33,6 +33,7 @@ from ase.stress import full_3x3_to_voigt_6_stress
 from fastmace.md.checks import check_structures
 from fastmace.md.edges import Edges
 from fastmace.md.neighbours import NeighbourList
+from fastmace.md.overflow import overflowed, regrow
 from fastmace.md.potential import Potential
 from fastmace.md.state import State
 from fastmace.models.load import LoadedModel, load
@@ -145,12 +146,9 @@ class FastMACECalculator(Calculator):
             # Searched into the existing buffers on the existing plan; skipped altogether
             # while the skin still covers every move (never, without a skin).
             kept.edges = kept.neighbours.update(state, kept.edges)
-        if bool(kept.edges.overflow):
+        if overflowed(kept.edges):
             # The atoms or the cell outgrew the plan: plan again with larger capacities.
-            grown = kept.neighbours.grown(state)
-            kept = _Neighbours(key, grown, grown.build(state))
-            if bool(kept.edges.overflow):
-                raise RuntimeError("a neighbour list planned for this structure overflowed")
+            kept = _Neighbours(key, *regrow(kept.neighbours, state))
         self._neighbours = kept
         return kept.edges
 

@@ -24,6 +24,7 @@ from fastmace.md.checks import check_structures
 from fastmace.md.engine import Engine, ForceField, generators_of, tensors_of
 from fastmace.md.integrators import maxwell_boltzmann_velocities
 from fastmace.md.neighbours import NeighbourList
+from fastmace.md.overflow import overflowed, regrow
 from fastmace.md.potential import Potential
 from fastmace.md.state import State
 from fastmace.md.thermo import thermo_rows
@@ -152,10 +153,9 @@ class Simulation:
         settings = self.settings
         while True:
             md = settings.ensemble.init(state, force_field, settings.timestep_fs, settings.seed)
-            if not bool(force_field.edges.overflow):  # host read, once, outside the hot path
+            if not overflowed(force_field.edges):  # host read, once, outside the hot path
                 return md
-            grown = force_field.neighbours.grown(state)
-            force_field.neighbours, force_field.edges = grown, grown.build(state)
+            force_field.neighbours, force_field.edges = regrow(force_field.neighbours, state)
 
     def _neighbour_list(self, state: State, restart: Any) -> tuple[NeighbourList, Any]:
         engine = self.engine_settings
