@@ -9,7 +9,6 @@ list's reference positions, so a resumed run continues bit for bit on the same d
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -114,34 +113,10 @@ class Simulation:
         self._write_metadata("running")
 
     def _write_metadata(self, status: str, error: str | None = None) -> None:
-        if self.output is None:
-            return
-        from fastmace.provenance import run_metadata
+        if self.output is not None:
+            from fastmace.provenance import simulation_metadata
 
-        neighbours = self.engine.force_field.neighbours
-        engine = {
-            "device": str(self.engine.md.state.device),
-            "block_steps": self.block_steps,
-            "capture": self.engine.capture,
-            "compile": self.potential.compiled,
-            "skin_A": neighbours.skin,
-            "headroom": neighbours.headroom,
-            "edge_capacity": neighbours.capacity,
-            "model_edge_capacity": neighbours.cutoff_capacity,
-            "neighbour_method": neighbours.method,
-            "regrowths": self.engine.regrowths,
-            "capture_failure": self.engine.capture_failure,
-        }
-        timings = {k: v for k, v in self.timings.items() if math.isfinite(v)}
-        document = run_metadata(
-            model=self.model, structures=self.structures, settings=self.settings,
-            engine_settings=self.engine_settings, engine=engine, status=status,
-            timings=timings, error=error,
-            gate=self.gate.to_dict() if self.gate is not None else None,
-            plan=self.plan.to_dict() if self.plan is not None else None,
-            fallbacks=self.fallbacks, runner=self.runner,
-        )  # fmt: skip
-        self.output.write_metadata(document)
+            self.output.write_metadata(simulation_metadata(self, status, error))
 
     @property
     def neighbours(self) -> NeighbourList:
@@ -302,70 +277,14 @@ class Simulation:
             model=self.model.name,
             ensemble=settings.ensemble.describe(),
         )
-        result.report = self._report(result)
+        from fastmace.provenance import run_report
+
+        result.report = run_report(self, result)
         if self.output is not None:
             self._write_metadata("finished")
             self.output.write_report(result.report)
             self.output.close()
         return result
-
-    def _backend_reason(self) -> str:
-        """Why this backend: the plan's reason when the run was planned (a fallback's when the
-        gate replaced it), else what loading the model said."""
-        if self.plan is not None and self.model.backend == self.plan.backend:
-            reason = self.plan.decision("backend").reason
-        else:
-            reason = self.model.backend_reason
-        if self.fallbacks:
-            reason += f" (after {len(self.fallbacks)} failed: see the gate)"
-        return reason
-
-    def _report(self, result: MDResult) -> str:
-        """One screen: model, structure, run, engine, gate, speed, final state, output."""
-        model, settings, engine = self.model, self.settings, self.engine
-        neighbours = engine.force_field.neighbours
-        formulas = ", ".join(
-            f"{a.get_chemical_formula()} ({len(a)} atoms)" for a in self.structures[:4]
-        )
-        if len(self.structures) > 4:
-            formulas += f" and {len(self.structures) - 4} more"
-        graphs = "CUDA graphs" if engine.capture else "no CUDA graphs"
-        if engine.capture_failure:
-            graphs += f" (capture failed: {engine.capture_failure})"
-        gate = self.gate.summary() if self.gate is not None else "not run (fm.md check='gate')"
-        lines = [
-            "FastMACE run report",
-            f"model:     {model.summary()}",
-            f"backend:   {model.backend}: {self._backend_reason()}",
-            f"structure: {formulas}",
-            f"run:       {settings.ensemble.describe()}, {result.steps} steps of "
-            f"{settings.timestep_fs} fs, seed {settings.seed}",
-            f"engine:    {self.block_steps} steps per launch, {graphs}, edge capacity "
-            f"{neighbours.capacity} ({neighbours.method}; model edges "
-            f"{neighbours.cutoff_capacity}), list regrown {engine.regrowths}x",
-            f"gate:      {gate}",
-        ]
-        if self.runner["subprocess"]:
-            extra = ", ".join(self.runner["environment"]) or "none"
-            lines.append(f"runner:    a child process (extra variables: {extra})")
-        if self.plan is not None:
-            lines.extend(self.plan.describe().splitlines())
-        for failure in self.fallbacks:
-            lines.append(f"fallback:  {failure['backend']} was not used: {failure['reason']}")
-        speed = result.timings.get("steps_per_s", float("nan"))
-        lines.append(
-            f"speed:     {speed:.1f} steps/s, {result.timings.get('ns_per_day', float('nan')):.3f}"
-            f" ns/day (setup {result.timings.get('setup_s', 0.0):.1f} s)"
-        )
-        if result.thermo:
-            last = result.thermo[0]
-            state = f"T = {last.get('temperature_K', float('nan')):.1f} K"
-            if last.get("pressure_GPa") is not None:
-                state += f", P = {last['pressure_GPa']:.3f} GPa"
-            lines.append(f"final:     {state}, E_pot = {last.get('potential_energy_eV'):.4f} eV")
-        lines.append(f"output:    {result.output if result.output else 'none (no directory)'}")
-        lines.append(f"licence:   the weights are under {model.licence}")
-        return "\n".join(lines) + "\n"
 
 
 def _state_from_restart(state: State, payload: dict[str, Any]) -> State:
