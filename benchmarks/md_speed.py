@@ -94,8 +94,8 @@ from ase.md.velocitydistribution import Stationary
 
 from fastmace.io import OutputSchedule
 from fastmace.md.ensembles import ensemble
+from fastmace.models.checkpoint import contained, import_mace
 from fastmace.models.load import LoadedModel, load
-from fastmace.models.loading import contained, import_mace
 from fastmace.models.templates import template
 from fastmace.planner import EngineSettings
 from fastmace.simulation import RunSettings, Simulation
@@ -400,9 +400,9 @@ def fastmace_backends(device: str) -> dict[str, str]:
 
 
 def oeq_record() -> dict[str, Any] | None:
-    from fastmace.oeq import runtime
+    from fastmace.oeq import host_extension
 
-    record = runtime.record()
+    record = host_extension.record()
     return None if record is None else asdict(record)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import fastmace
-from fastmace.oeq import runtime as oeq_runtime
+from fastmace.oeq import host_extension
 from fastmace.runtime import environment
 from fastmace.runtime.driver import nvidia_driver_version
 
@@ -78,7 +78,7 @@ def checkout_state() -> dict[str, Any]:
 
 def software() -> dict[str, Any]:
     versions = {name: _version(name) for name in DISTRIBUTIONS}
-    record = oeq_runtime.record()
+    record = host_extension.record()
     return {
         "fastmace": {"version": fastmace.__version__, **checkout_state()},
         "python": sys.version.split()[0],

@@ -11,6 +11,13 @@ from typing import TextIO
 import torch
 
 from fastmace.models import backends
+from fastmace.models.checkpoint import (
+    ModelDescription,
+    describe,
+    dtype_name,
+    load_checkpoint,
+    model_dtype,
+)
 from fastmace.models.files import ModelFile, locate_label_file, locate_url, verify
 from fastmace.models.label_table import (
     Checkpoint,
@@ -18,13 +25,6 @@ from fastmace.models.label_table import (
     find_checkpoint,
     licence_name,
     resolve_label,
-)
-from fastmace.models.loading import (
-    ModelDescription,
-    describe,
-    dtype_name,
-    load_checkpoint,
-    model_dtype,
 )
 from fastmace.models.templates import template
 from fastmace.vocabulary import CPU_BACKEND, CUDA_BACKEND_ORDER
