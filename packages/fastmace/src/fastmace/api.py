@@ -13,7 +13,7 @@ import ase
 import ase.io
 
 from fastmace.runtime import environment
-from fastmace.vocabulary import ENSEMBLE_SETTINGS, GPA_PER_BAR
+from fastmace.vocabulary import DEFAULT_ENSEMBLE, ENSEMBLE_SETTINGS, GPA_PER_BAR
 
 if TYPE_CHECKING:
     from fastmace.planner import EngineConfig, Plan
@@ -106,7 +106,7 @@ def md(
     *,
     model: str | os.PathLike[str] = "demo-emt-cu",
     head: str | None = None,
-    ensemble: str = "nvt",
+    ensemble: str = DEFAULT_ENSEMBLE,
     steps: int = 1000,
     timestep_fs: float = 1.0,
     output: str | os.PathLike[str] | None = None,
