@@ -44,10 +44,6 @@ CUDA_BACKEND_REASON = (
 LARGE_ATOMS = 10_000  # above this many atoms in all, K is shorter (as benchmarks/md_speed.py)
 LARGE_BLOCK_STEPS = 20
 EXPANDABLE_SEGMENTS_SINCE = (2, 14)  # docs/environment.md: the allocator rule
-# The values configure_allocator and configure_fp64_emulation set (test_planner applies a plan
-# through them and compares).
-EXPANDABLE_SEGMENTS = "expandable_segments:True"
-FP64_EMULATION_VALUES = dict(zip(environment.FP64_EMULATION, ("1", "eager"), strict=True))
 
 COMPILE_REASON = (
     "measured: off; compiling cuEq and hybrid models failed in Dynamo on the GPU (torch 2.11), "
@@ -343,12 +339,12 @@ def _environment(
             _set_unless_user(
                 found,
                 environment.PYTORCH_CUDA_ALLOC_CONF.name,
-                EXPANDABLE_SEGMENTS,
+                environment.EXPANDABLE_SEGMENTS,
                 "expandable segments on",
             )
         )
     if fp64_emulation:
-        for name, value in FP64_EMULATION_VALUES.items():
+        for name, value in environment.FP64_EMULATION_VALUES.items():
             settings.append(
                 _set_unless_user(found, name, value, "float64 plan with fp64 emulation")
             )
