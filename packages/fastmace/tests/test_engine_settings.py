@@ -45,7 +45,7 @@ CASES = [
     ({"config": EngineConfig(backend="cueq")}, ("model", "backend"), "cueq"),
     ({"backend": "cueq"}, ("model", "backend"), "cueq"),
     pytest.param(
-        {"config": EngineConfig(graphs=False)}, ("engine", "capture"), False,
+        {"graphs": False}, ("engine", "capture"), False,
         marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                    reason="graphs are on by default on CUDA only")],
     ),
@@ -58,7 +58,7 @@ def test_a_forced_setting_reaches_the_engine(tmp_path, given, where, value) -> N
     section, name = where
     assert document[section][name] == value
     # The plan records it as forced, whichever way it was given.
-    decision = "graphs" if name == "capture" else name
+    decision = "graphs" if name == "capture" else name  # metadata's engine record: "capture"
     if section == "engine":
         assert document["plan"]["decisions"][decision]["source"] == "forced"
 
@@ -71,13 +71,15 @@ def test_the_default_headroom_sizes_the_edge_buffer(tmp_path) -> None:
 
 
 def test_fm_md_keywords_and_config_make_one_engine_config() -> None:
-    merged = engine_config(EngineConfig(compile=True), block_steps=4, capture=False, backend="auto")
+    merged = engine_config(EngineConfig(compile=True), block_steps=4, graphs=False, backend="auto")
     assert merged == EngineConfig(compile=True, block_steps=4, graphs=False)
     assert engine_config(EngineConfig(skin_A=0.3), skin_A=0.3) == EngineConfig(skin_A=0.3)
     with pytest.raises(ValueError, match=r"skin_A=0\.4.*skin_A=0\.3.*force each setting once"):
         engine_config(EngineConfig(skin_A=0.3), skin_A=0.4)
-    with pytest.raises(ValueError, match=r"capture=True.*graphs=False"):
-        engine_config(EngineConfig(graphs=False), capture=True)
+    with pytest.raises(ValueError, match=r"graphs=True.*graphs=False"):
+        engine_config(EngineConfig(graphs=False), graphs=True)
+    with pytest.raises(TypeError, match="capture= is now graphs="):
+        fm.md(copper(), model="demo-emt-cu", temperature_K=300.0, steps=1, capture=False)
 
 
 def test_a_forced_capacity_too_small_grows_before_the_first_step(tmp_path) -> None:

@@ -61,11 +61,8 @@ def _pressure_GPa(settings: dict[str, Any]) -> float | None:
     return None
 
 
-# fm.md's keywords that force an engine setting, and the EngineConfig field each one is.
-ENGINE_KEYWORDS = {
-    "backend": "backend", "dtype": "dtype", "block_steps": "block_steps", "skin_A": "skin_A",
-    "capture": "graphs",
-}  # fmt: skip
+# fm.md's keywords that force an engine setting: each is the EngineConfig field of that name.
+ENGINE_KEYWORDS = ("backend", "dtype", "block_steps", "skin_A", "graphs")
 
 
 def engine_config(config: EngineConfig | None, **keywords: Any) -> EngineConfig:
@@ -74,13 +71,12 @@ def engine_config(config: EngineConfig | None, **keywords: Any) -> EngineConfig:
     from fastmace.planner import EngineConfig
 
     values = config.to_dict() if config is not None else {}
-    for keyword, value in keywords.items():
-        name = ENGINE_KEYWORDS[keyword]
+    for name, value in keywords.items():
         if value is None or (name == "backend" and value == "auto"):
             continue
         if values.get(name) is not None and values[name] != value:
             raise ValueError(
-                f"fm.md got {keyword}={value!r} and config=EngineConfig({name}="
+                f"fm.md got {name}={value!r} and config=EngineConfig({name}="
                 f"{values[name]!r}): force each setting once"
             )
         values[name] = value
@@ -123,7 +119,7 @@ def md(
     checkpoint: str | os.PathLike[str] | None = None,
     block_steps: int | None = None,
     skin_A: float | None = None,
-    capture: bool | None = None,
+    graphs: bool | None = None,
     resume: bool = False,
     progress: TextIO | None = None,
     check: str | None = None,
@@ -149,8 +145,9 @@ def md(
     How it runs is planned (:mod:`fastmace.planner`): backend, dtype, graphs, block length,
     skin and the environment variables, each decision with its reason (in the report and
     metadata.json). ``device``, ``dtype``, ``backend``, ``block_steps``, ``skin_A`` and
-    ``capture`` force a decision, as does ``config`` (an ``fm.EngineConfig``): the keywords
-    are set on that config (``ENGINE_KEYWORDS``), so a setting forced both ways must agree.
+    ``graphs`` (CUDA graphs) force a decision, as does ``config`` (an ``fm.EngineConfig``):
+    the keywords are its fields of the same name, set on it, so a setting forced both ways
+    must agree.
     The plan is the one carrier of these settings to the model, the engine and the neighbour
     list. ``reproducible=True`` sets the determinism variables.
 
@@ -172,6 +169,8 @@ def md(
     arguments.update(ensemble_settings)
     if check not in (None, "gate"):
         raise ValueError(f"check must be None or 'gate', got {check!r}")
+    if "capture" in ensemble_settings:
+        raise TypeError("fm.md's capture= is now graphs=, the name EngineConfig and the plan use")
     unknown = sorted(set(ensemble_settings) - set(ENSEMBLE_SETTINGS))
     if unknown:
         raise TypeError(
@@ -201,7 +200,7 @@ def md(
 
     config = engine_config(
         config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,
-        capture=capture,
+        graphs=graphs,
     )  # fmt: skip
     workload = Workload.from_structures(
         structures, ensemble=chosen.name, temperature_K=chosen.settings.get("temperature_K"),

@@ -27,7 +27,7 @@ RUN_KEYS = (
     "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
     "repeat", "initial_temperature_K", "trajectory_every", "thermo_every", "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "block_steps", "skin_A",
-    "capture", "resume", "check",
+    "graphs", "resume", "check",
 )  # fmt: skip
 # Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
 RUNNER_KEYS = ("subprocess", "environment")
