@@ -14,8 +14,9 @@ run in this one process, one after the other, on one device.
 * FastMACE (``path = fastmace``): ``fastmace.models.load.load("template:NAME", backend=B,
   device, dtype)`` once per model and backend (converted and checked against e3nn; that time is
   reported as ``load_s`` and is not part of the step time), then
-  ``fastmace.simulation.Simulation(loaded, [atoms], RunSettings(nvt, steps=N, block_steps=K,
-  schedule=OutputSchedule(0, 0, 0), capture=...), output=None).run()``. The whole step
+  ``fastmace.simulation.Simulation(loaded, [atoms], RunSettings(nvt, steps=N,
+  schedule=OutputSchedule(0, 0, 0)), engine=EngineSettings(block_steps=K, graphs=...),
+  output=None).run()``. The whole step
   (neighbour-list check and rebuild on the device, model, forces, integrator, thermostat noise)
   stays on the GPU; K steps are one CUDA-graph launch and the host synchronises once per block.
   Each engine block is timed on the host (the engine's own per-block synchronisation ends it).
@@ -94,9 +95,10 @@ from ase.md.velocitydistribution import Stationary
 
 from fastmace.io import OutputSchedule
 from fastmace.md.ensembles import ensemble
+from fastmace.models.checkpoint import contained, import_mace
 from fastmace.models.load import LoadedModel, load
-from fastmace.models.loading import contained, import_mace
 from fastmace.models.templates import template
+from fastmace.planner import EngineSettings
 from fastmace.simulation import RunSettings, Simulation
 
 TEMPERATURE_K = 300.0
@@ -402,9 +404,9 @@ def fastmace_backends(device: str) -> dict[str, str]:
 
 
 def oeq_record() -> dict[str, Any] | None:
-    from fastmace.oeq import runtime
+    from fastmace.oeq import host_extension
 
-    record = runtime.record()
+    record = host_extension.record()
     return None if record is None else asdict(record)
 
 
@@ -590,13 +592,15 @@ class Bench:
             seed=SEED,
             schedule=OutputSchedule(0, 0, 0),
             initial_temperature_K=TEMPERATURE_K,
-            block_steps=block,
-            capture=capture_setting,
-            compile=compile_model,
         )
+        engine = EngineSettings(
+            device=loaded.device, backend=loaded.backend, block_steps=block,
+            graphs=capture_setting, compile=compile_model,
+        )  # fmt: skip
         simulation = Simulation(
-            loaded, [nacl(case.atoms)], settings, output=None, progress=io.StringIO()
-        )
+            loaded, [nacl(case.atoms)], settings, output=None, engine=engine,
+            progress=io.StringIO(),
+        )  # fmt: skip
         blocks: list[tuple[int, float, bool]] = []  # steps, seconds, redone after overflow
         run_block = simulation.engine.run_block
 

@@ -37,6 +37,7 @@ import torch
 from fastmace.io import OutputSchedule
 from fastmace.md.ensembles import ensemble
 from fastmace.models.load import load
+from fastmace.planner import EngineSettings
 from fastmace.simulation import RunSettings, Simulation
 
 HEADS = {"mh-1": "omat_pbe"}
@@ -83,9 +84,11 @@ def simulation_for(model: str, atoms: int, backend: str, block: int) -> Simulati
         seed=0,
         schedule=OutputSchedule(0, 0, 0),
         initial_temperature_K=300.0,
-        block_steps=block,
     )
-    return Simulation(loaded, [nacl(atoms)], settings, output=None, progress=io.StringIO())
+    engine = EngineSettings(device="cuda", backend=backend, dtype="float32", block_steps=block)
+    return Simulation(
+        loaded, [nacl(atoms)], settings, output=None, engine=engine, progress=io.StringIO()
+    )
 
 
 def replay_ms(simulation: Simulation, blocks: int) -> float:

@@ -41,7 +41,7 @@ from mace.tools.torch_geometric.batch import Batch
 from mace.tools.torch_geometric.dataloader import DataLoader
 from mace.tools.utils import AtomicNumberTable
 
-from fastmace.models.loading import default_dtype
+from fastmace.models.checkpoint import default_dtype
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "packages" / "fastmace" / "src" / "fastmace" / "models" / "demo"

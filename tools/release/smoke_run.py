@@ -13,7 +13,7 @@ import torch
 
 import fastmace as fm
 from fastmace.models.reference import evaluate
-from fastmace.oeq import runtime
+from fastmace.oeq import host_extension
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     atoms.rattle(0.05, seed=1)
     result = evaluate(model.module, atoms)
     print(f"smoke_run: {model.summary()}; E = {result.energy:.6f} eV for {len(atoms)} atoms")
-    record = runtime.record()
+    record = host_extension.record()
     if record is None or record.method != "prebuilt":
         raise SystemExit(f"smoke_run: the prebuilt extension was not selected: {record}")
     if cuda:

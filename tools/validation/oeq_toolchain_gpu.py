@@ -18,10 +18,10 @@ from pathlib import Path
 
 CHILD = """
 import json, fastmace as fm
-from fastmace.oeq import runtime
+from fastmace.oeq import host_extension
 model = fm.load("demo-emt-cu", backend="hybrid", device="cuda", dtype="float32")
 check = model.conversion_check
-record = runtime.record()
+record = host_extension.record()
 print(json.dumps({"how": record.how, "path": record.path, "key": record.key,
                   "skipped": record.prebuilt_skipped, "backend": model.backend,
                   "force_error": check.force_error_ev_per_a,

@@ -15,6 +15,7 @@ import torch._inductor.codecache
 from fastmace.io import OutputSchedule
 from fastmace.md.ensembles import ensemble
 from fastmace.models.load import load
+from fastmace.planner import EngineSettings
 from fastmace.runtime import environment
 from fastmace.simulation import RunSettings, Simulation
 
@@ -40,10 +41,10 @@ def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
     def run(compile: bool) -> Simulation:
         settings = RunSettings(
             ensemble=ensemble("nvt", temperature_K=300.0), steps=10, timestep_fs=2.0, seed=7,
-            schedule=OutputSchedule(0, 0, 0), initial_temperature_K=300.0, block_steps=5,
-            compile=compile,
+            schedule=OutputSchedule(0, 0, 0), initial_temperature_K=300.0,
         )  # fmt: skip
-        simulation = Simulation(model, [atoms], settings)
+        engine = EngineSettings(block_steps=5, compile=compile)  # how fm.md's plan says it
+        simulation = Simulation(model, [atoms], settings, engine=engine)
         simulation.result = simulation.run()
         return simulation
 

@@ -14,6 +14,7 @@ import torch
 from fastmace.md.ensembles import ensemble
 from fastmace.md.neighbours import NeighbourList
 from fastmace.models.load import load
+from fastmace.planner import EngineSettings
 from fastmace.simulation import RunSettings, Simulation
 
 pytestmark = [
@@ -28,7 +29,11 @@ def nacl() -> ase.Atoms:
     return atoms
 
 
-def settings(capture: bool, ensemble_name: str = "nvt") -> RunSettings:
+def engine(capture: bool) -> EngineSettings:
+    return EngineSettings(device="cuda", block_steps=20, graphs=capture)
+
+
+def settings(ensemble_name: str = "nvt") -> RunSettings:
     from fastmace.io import OutputSchedule
 
     chosen = ensemble("nve") if ensemble_name == "nve" else ensemble("nvt", temperature_K=600.0)
@@ -39,8 +44,6 @@ def settings(capture: bool, ensemble_name: str = "nvt") -> RunSettings:
         seed=3,
         schedule=OutputSchedule(0, 0, 0),
         initial_temperature_K=600.0,
-        block_steps=20,
-        capture=capture,
     )
 
 
@@ -49,7 +52,7 @@ def settings(capture: bool, ensemble_name: str = "nvt") -> RunSettings:
 def test_captured_and_uncaptured_runs_agree(backend, ensemble_name):
     model = load("template:mp0-small", backend=backend, device="cuda", dtype="float32")
     runs = [
-        Simulation(model, [nacl()], settings(capture, ensemble_name)).run()
+        Simulation(model, [nacl()], settings(ensemble_name), engine=engine(capture)).run()
         for capture in (True, False)
     ]
     captured, eager = (r.structures[0] for r in runs)
@@ -60,8 +63,8 @@ def test_captured_and_uncaptured_runs_agree(backend, ensemble_name):
 
 def test_overflow_inside_a_captured_block_is_recovered():
     model = load("template:mp0-small", backend="cueq", device="cuda", dtype="float32")
-    reference = Simulation(model, [nacl()], settings(True, "nve")).run()
-    small = Simulation(model, [nacl()], settings(True, "nve"))
+    reference = Simulation(model, [nacl()], settings("nve"), engine=engine(True)).run()
+    small = Simulation(model, [nacl()], settings("nve"), engine=engine(True))
     state = small.engine.md.state
     # Exactly the edges of the start and a thin skin: with atoms moving at 600 K the list is
     # rebuilt every few steps, and one of those rebuilds finds more pairs than there is room.

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 import fastmace as fm
+from fastmace.gate import GateError, gate_with_fallback, run_gate
 from fastmace.models.load import load
-from fastmace.planner.fallback import gate_with_fallback
-from fastmace.planner.gate import GateError, run_gate
 
 
 def copper() -> ase.Atoms:

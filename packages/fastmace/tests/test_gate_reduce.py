@@ -11,8 +11,7 @@ from ase.calculators.emt import EMT
 from ase.neighborlist import neighbor_list
 
 import fastmace as fm
-from fastmace.planner import reduce
-from fastmace.planner.reduce import reduced_structure
+from fastmace.gate import reduce, reduced_structure
 
 
 def rattled_unit(seed: int = 1) -> ase.Atoms:

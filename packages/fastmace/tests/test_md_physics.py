@@ -50,8 +50,7 @@ def test_nve_conserves_energy_over_a_thousand_steps(demo, tmp_path):
         seed=1,
         schedule=OutputSchedule(trajectory_every=0, thermo_every=10, restart_every=0),
         initial_temperature_K=300.0,
-        block_steps=50,
-    )
+    )  # the thermo interval makes K = 10
     Simulation(demo, [crystal()], settings, tmp_path / "run").run()
     rows = list(csv.DictReader((tmp_path / "run" / "thermo.csv").open()))
     time_ps = np.array([float(r["time_fs"]) for r in rows]) / 1000.0

@@ -15,6 +15,7 @@ from fastmace.md.checks import StructureError
 from fastmace.md.engine import SimulationError
 from fastmace.md.ensembles import EnsembleError, ensemble
 from fastmace.models.load import load
+from fastmace.planner import EngineSettings
 from fastmace.simulation import RunSettings, Simulation
 
 
@@ -37,8 +38,7 @@ def settings(steps: int, **changes) -> RunSettings:
         seed=7,
         schedule=OutputSchedule(trajectory_every=5, thermo_every=5, restart_every=10),
         initial_temperature_K=300.0,
-        block_steps=5,
-    )
+    )  # the schedule makes K = 5
     values.update(changes)
     return RunSettings(**values)
 
@@ -96,6 +96,7 @@ def test_neighbour_list_overflow_is_recovered(demo):
 
 
 NO_OUTPUT = OutputSchedule(0, 0, 0)  # blocks of block_steps: no output step splits them
+HOT = dict(initial_temperature_K=900.0)
 
 
 def every_step_search(simulation: Simulation) -> Simulation:
@@ -104,11 +105,11 @@ def every_step_search(simulation: Simulation) -> Simulation:
 
 
 def test_searching_every_few_steps_gives_the_every_step_trajectory(demo):
-    hot = settings(24, block_steps=8, initial_temperature_K=900.0, schedule=NO_OUTPUT)
-    sparse = Simulation(demo, [copper()], hot)
+    hot, blocks = settings(24, schedule=NO_OUTPUT, **HOT), EngineSettings(block_steps=8)
+    sparse = Simulation(demo, [copper()], hot, engine=blocks)
     assert sparse.engine.block_steps == 8 and sparse.engine.force_field.search_every > 1
     result = sparse.run()
-    reference = every_step_search(Simulation(demo, [copper()], hot)).run()
+    reference = every_step_search(Simulation(demo, [copper()], hot, engine=blocks)).run()
     # Different rebuild steps change only the order of the sums over edges.
     np.testing.assert_allclose(
         result.structures[0].positions, reference.structures[0].positions, atol=1e-9
@@ -118,25 +119,27 @@ def test_searching_every_few_steps_gives_the_every_step_trajectory(demo):
 def test_a_stale_list_redoes_the_block_with_more_searches(demo):
     # A skin so thin that atoms at 900 K leave it within a few steps: the checks between
     # searches must catch it, and the redone blocks must give the every-step trajectory.
-    thin = settings(24, block_steps=8, initial_temperature_K=900.0, skin_A=0.02, schedule=NO_OUTPUT)
-    sparse = Simulation(demo, [copper()], thin)
+    hot, thin = settings(24, schedule=NO_OUTPUT, **HOT), EngineSettings(block_steps=8, skin_A=0.02)
+    sparse = Simulation(demo, [copper()], hot, engine=thin)
     sparse.engine.force_field.search_every = 8
     result = sparse.run()
     assert sparse.engine.search_halvings >= 1
     assert sparse.engine.force_field.search_every < 8
-    reference = every_step_search(Simulation(demo, [copper()], thin)).run()
+    reference = every_step_search(Simulation(demo, [copper()], hot, engine=thin)).run()
     np.testing.assert_allclose(
         result.structures[0].positions, reference.structures[0].positions, atol=1e-9
     )
 
 
 def test_resume_keeps_the_search_pattern(demo, tmp_path):
-    thin = dict(initial_temperature_K=900.0, skin_A=0.02)  # blocks of 5: checks trip
-    straight = Simulation(demo, [copper()], settings(20, **thin)).run()
-    first = Simulation(demo, [copper()], settings(10, **thin), tmp_path / "run")
+    thin = EngineSettings(skin_A=0.02)  # with blocks of 5 steps, checks trip at 900 K
+    straight = Simulation(demo, [copper()], settings(20, **HOT), engine=thin).run()
+    first = Simulation(demo, [copper()], settings(10, **HOT), tmp_path / "run", engine=thin)
     first.run()
     halved = first.engine.force_field.search_every
-    resumed_run = Simulation(demo, [copper()], settings(20, **thin), tmp_path / "run", resume=True)
+    resumed_run = Simulation(
+        demo, [copper()], settings(20, **HOT), tmp_path / "run", engine=thin, resume=True
+    )
     assert resumed_run.engine.force_field.search_every == halved
     resumed = resumed_run.run()
     assert np.array_equal(resumed.structures[0].positions, straight.structures[0].positions)

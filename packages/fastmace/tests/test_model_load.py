@@ -16,9 +16,9 @@ from fastmace.models.backends import (
     check_conversion,
     convert,
 )
+from fastmace.models.checkpoint import NotAMaceModelError, content_hash
 from fastmace.models.files import ModelFileError
 from fastmace.models.label_table import UnknownLabelError
-from fastmace.models.loading import NotAMaceModelError, content_hash
 from fastmace.models.reference import check_structure, evaluate
 from fastmace.models.templates import template
 
@@ -94,8 +94,8 @@ def test_missing_label_file_is_not_downloaded(tmp_path, monkeypatch):
 def test_multi_head_template_needs_a_head_choice_only_when_ambiguous():
     model = template("tiny")
     model.heads = ["a", "b"]
+    from fastmace.models.checkpoint import describe
     from fastmace.models.load import _resolve_head
-    from fastmace.models.loading import describe
 
     description = describe(model)
     with pytest.raises(UnknownLabelError, match=r"2 heads .*choose one with head="):

@@ -43,6 +43,8 @@ def test_declared_dependencies(wheel):
     assert any(r.startswith("torch<3,>=") for r in requires), requires  # a range, not a pin
     for name in ("ase", "cuequivariance-torch", "numpy", "filelock"):
         assert any(r.startswith(name) for r in requires), name
+    # `fastmace run` imports tomli where the standard library has no tomllib.
+    assert any(r.startswith("tomli") and 'python_version < "3.11"' in r for r in requires)
     oeq = [r for r in requires if 'extra == "oeq"' in r]
     assert any(r.startswith("openequivariance==0.7.0") for r in oeq)
     assert any(

@@ -2,8 +2,8 @@
 
 A matrix of machines (written by hand as Availabilities, so no GPU is needed) and workloads,
 with the expected decision and reason for each; the errors for impossible forced settings;
-describe(), to_dict() and the fallbacks; that the pure modules import no torch; and that the
-copies of names from torch-importing modules agree with their originals.
+describe(), to_dict() and the fallbacks; that the pure modules import no torch; and that fm.load
+picks the backend the planner picks.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from fastmace.planner import (
     Availabilities,
     BackendStatus,
     EngineConfig,
+    EngineSettings,
     Plan,
     PlanError,
     Workload,
@@ -500,17 +501,19 @@ def test_plan_and_inputs_are_frozen() -> None:
             setattr(record, field, None)
 
 
-def test_engine_settings_feed_fm_load_and_run_settings() -> None:
+def test_engine_settings_carry_every_engine_decision() -> None:
     plan = make_plan(workload(), None, EVERYTHING)
-    assert plan.engine_settings() == {
-        "backend": "cueq",
-        "device": "cuda",
-        "dtype": "float32",
-        "block_steps": 50,
-        "skin_A": 0.5,
-        "capture": True,
-        "compile": False,
-    }
+    assert plan.engine_settings() == EngineSettings(
+        device="cuda", backend="cueq", dtype="float32", block_steps=50, skin_A=0.5,
+        edge_capacity=None, headroom=1.25, graphs=True, compile=False,
+    )  # fmt: skip
+    forced = EngineConfig(
+        backend="hybrid", dtype="float64", graphs=False, compile=True, edge_capacity=999,
+        headroom=2.0, skin_A=0.25, block_steps=7,
+    )  # fmt: skip
+    settings = make_plan(workload(), forced, EVERYTHING).engine_settings()
+    # Every engine setting an EngineConfig can force comes out, under the same name.
+    assert {name: getattr(settings, name) for name in forced.forced()} == forced.forced()
 
 
 def test_unknown_decision_names_what_the_plan_decides() -> None:
@@ -623,7 +626,7 @@ def test_workload_from_structures_reads_ase_atoms() -> None:
         Workload.from_structures(water, ensemble="npt", temperature_K=300)
 
 
-# -- no torch in the decisions; copies agree with their originals -----------------------------
+# -- no torch in the decisions; one backend order -------------------------------------------
 
 PURE = (
     "import sys, json\n"
@@ -634,26 +637,39 @@ PURE = (
     "plan = make_plan(Workload(atoms_per_system=(8,), species=(29,), temperatures_K=300.0),"
     " EngineConfig(), found)\n"
     "plan.describe(); json.dumps(plan.to_dict())\n"
-    "heavy = ('torch', 'mace', 'e3nn', 'cuequivariance_torch', 'openequivariance')\n"
+    "heavy = ('torch', 'mace', 'e3nn', 'cuequivariance_torch', 'openequivariance',\n"
+    "         'fastmace.md', 'fastmace.models', 'fastmace.gate', 'fastmace.oeq')\n"
     "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
 )
 
 
-def test_planning_imports_no_torch(clean_env) -> None:
+def test_planning_imports_neither_torch_nor_md_nor_models(clean_env) -> None:
     result = run_python(PURE, clean_env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
 
 
-def test_copied_names_agree_with_the_modules_that_import_torch() -> None:
-    from fastmace.md import ensembles, neighbours
+@pytest.mark.parametrize(
+    "unavailable",
+    [(), ("cueq",), ("hybrid",), ("cueq", "hybrid"), ("oeq", "hybrid"), ("cueq", "oeq", "hybrid")],
+)
+def test_fm_load_and_the_planner_pick_the_same_backend(unavailable: tuple[str, ...]) -> None:
+    """fm.load(backend="auto") (and so fm.calculator) and fm.md's plan run the same kernels."""
     from fastmace.models import backends
-    from fastmace.planner import config, decide, workload
+    from fastmace.models.load import choose_backend
 
-    assert workload.ENSEMBLES == ensembles.ENSEMBLES
-    assert workload.ALIASES == ensembles.ALIASES
-    assert config.BACKENDS == backends.BACKENDS
-    assert decide.DEFAULT_HEADROOM == neighbours.DEFAULT_HEADROOM
+    found = machine(**{name: NO_OPS for name in unavailable})
+
+    def availability(backend: str, device: str) -> backends.Availability:
+        status = found.backend(backend, device)
+        return backends.Availability(backend, status.available, status.reason)
+
+    plan = make_plan(workload(), None, found)
+    assert choose_backend("auto", "cuda", availability)[0] == plan.backend
+    assert (
+        choose_backend("auto", "cpu", availability)[0]
+        == make_plan(workload(device="cpu"), None, found).backend
+    )
 
 
 def test_probe_describes_this_machine() -> None:

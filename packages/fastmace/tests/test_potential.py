@@ -33,7 +33,7 @@ from fastmace.md.potential import (
 )
 from fastmace.md.state import State
 from fastmace.models import backends
-from fastmace.models.loading import contained, import_mace
+from fastmace.models.checkpoint import contained, import_mace
 from fastmace.models.reference import evaluate
 from fastmace.models.templates import TEMPLATES, template
 

@@ -39,8 +39,7 @@ def settings(**changes) -> RunSettings:
         seed=42,
         schedule=OutputSchedule(5, 5, 10),
         initial_temperature_K=300.0,
-        block_steps=5,
-    )
+    )  # the schedule makes K = 5
     values.update(changes)
     return RunSettings(**values)
 

@@ -14,7 +14,7 @@ import pytest
 
 import fastmace as fm
 from fastmace.cli.main import main as cli_main
-from fastmace.planner.gate import GateError
+from fastmace.gate import GateError
 from fastmace.provenance import SCHEMA
 from fastmace.runner import RunnerConfig, RunnerError, encode_arguments
 from fastmace.runtime.environment import child_environment

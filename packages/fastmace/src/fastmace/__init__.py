@@ -18,7 +18,7 @@ from fastmace.runtime.startup import RuntimeInfo  # noqa: E402
 _LAZY = {
     "load": ("fastmace.models.load", "load"),
     "LoadedModel": ("fastmace.models.load", "LoadedModel"),
-    "MDResult": ("fastmace.simulation", "MDResult"),
+    "MDResult": ("fastmace.runs", "MDResult"),
     "calculator": ("fastmace.ase", "calculator"),
     "Workload": ("fastmace.planner", "Workload"),
     "EngineConfig": ("fastmace.planner", "EngineConfig"),

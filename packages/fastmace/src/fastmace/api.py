@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -10,10 +12,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 import ase
 import ase.io
 
-from fastmace.md.defaults import DEFAULT_BLOCK_STEPS, DEFAULT_SKIN_A, ENSEMBLE_SETTINGS
+from fastmace.runtime import environment
+from fastmace.vocabulary import DEFAULT_ENSEMBLE, ENSEMBLE_SETTINGS, GPA_PER_BAR
 
 if TYPE_CHECKING:
-    from fastmace.planner import EngineConfig
+    from fastmace.planner import EngineConfig, Plan
     from fastmace.runner import RunnerConfig
     from fastmace.simulation import MDResult
 
@@ -54,8 +57,44 @@ def _pressure_GPa(settings: dict[str, Any]) -> float | None:
     if settings.get("pressure_GPa") is not None:
         return float(settings["pressure_GPa"])
     if settings.get("pressure_bar") is not None:
-        return float(settings["pressure_bar"]) * 1e-4
+        return float(settings["pressure_bar"]) * GPA_PER_BAR
     return None
+
+
+# fm.md's keywords that force an engine setting: each is the EngineConfig field of that name.
+ENGINE_KEYWORDS = ("backend", "dtype", "block_steps", "skin_A", "graphs")
+
+
+def engine_config(config: EngineConfig | None, **keywords: Any) -> EngineConfig:
+    """The one EngineConfig of a run: ``config`` with fm.md's keywords (``ENGINE_KEYWORDS``)
+    forced on top; a setting forced both ways, to different values, is refused."""
+    from fastmace.planner import EngineConfig
+
+    values = config.to_dict() if config is not None else {}
+    for name, value in keywords.items():
+        if value is None or (name == "backend" and value == "auto"):
+            continue
+        if values.get(name) is not None and values[name] != value:
+            raise ValueError(
+                f"fm.md got {name}={value!r} and config=EngineConfig({name}="
+                f"{values[name]!r}): force each setting once"
+            )
+        values[name] = value
+    return EngineConfig(**values)
+
+
+def _say_if_cuda_started(plan: Plan) -> None:
+    """Warn when the plan's variables come too late: CUDA reads them when it starts."""
+    torch = sys.modules.get("torch")
+    if not plan.environment or torch is None or not torch.cuda.is_initialized():
+        return
+    names = ", ".join(setting.name for setting in plan.environment)
+    warnings.warn(
+        f"CUDA has already started in this process, so the plan's {names} may not take "
+        "effect (CUDA and cuBLAS read them when they start); run with "
+        "runner=fm.RunnerConfig(subprocess=True) to give the run a fresh process",
+        stacklevel=3,
+    )
 
 
 def md(
@@ -63,7 +102,7 @@ def md(
     *,
     model: str | os.PathLike[str] = "demo-emt-cu",
     head: str | None = None,
-    ensemble: str = "nvt",
+    ensemble: str = DEFAULT_ENSEMBLE,
     steps: int = 1000,
     timestep_fs: float = 1.0,
     output: str | os.PathLike[str] | None = None,
@@ -80,7 +119,7 @@ def md(
     checkpoint: str | os.PathLike[str] | None = None,
     block_steps: int | None = None,
     skin_A: float | None = None,
-    capture: bool | None = None,
+    graphs: bool | None = None,
     resume: bool = False,
     progress: TextIO | None = None,
     check: str | None = None,
@@ -106,13 +145,16 @@ def md(
     How it runs is planned (:mod:`fastmace.planner`): backend, dtype, graphs, block length,
     skin and the environment variables, each decision with its reason (in the report and
     metadata.json). ``device``, ``dtype``, ``backend``, ``block_steps``, ``skin_A`` and
-    ``capture`` force a decision, as does ``config`` (an ``fm.EngineConfig``);
-    ``reproducible=True`` sets the determinism variables.
+    ``graphs`` (CUDA graphs) force a decision, as does ``config`` (an ``fm.EngineConfig``):
+    the keywords are its fields of the same name, set on it, so a setting forced both ways
+    must agree.
+    The plan is the one carrier of these settings to the model, the engine and the neighbour
+    list. ``reproducible=True`` sets the determinism variables.
 
     ``check="gate"`` compares the model as the engine runs it with mace-torch's float64 e3nn
     model on the structure (the first of a batch; above 4096 atoms the cell before ``repeat``,
     a periodic sub-cell the structure repeats, or else a cluster cut from it:
-    :mod:`fastmace.planner.reduce`), in a child process, before the run; a backend that fails
+    :mod:`fastmace.gate.reduce`), in a child process, before the run; a backend that fails
     is replaced by the next one (cuEq -> hybrid -> e3nn) and the failure recorded.
 
     ``runner`` (an ``fm.RunnerConfig``) with ``subprocess=True`` runs all this in a child
@@ -127,6 +169,8 @@ def md(
     arguments.update(ensemble_settings)
     if check not in (None, "gate"):
         raise ValueError(f"check must be None or 'gate', got {check!r}")
+    if "capture" in ensemble_settings:
+        raise TypeError("fm.md's capture= is now graphs=, the name EngineConfig and the plan use")
     unknown = sorted(set(ensemble_settings) - set(ENSEMBLE_SETTINGS))
     if unknown:
         raise TypeError(
@@ -152,22 +196,18 @@ def md(
         has_velocities = any(abs(atoms.get_velocities()).max() > 0 for atoms in structures)
         if not has_velocities:
             initial_temperature_K = ensemble_settings.get("temperature_K")
-    from fastmace.planner import EngineConfig as Config
     from fastmace.planner import Workload, make_plan, probe_availabilities
 
-    forced = {
-        "backend": None if backend in (None, "auto") else backend, "dtype": dtype,
-        "block_steps": block_steps, "skin_A": skin_A, "graphs": capture,
-    }  # fmt: skip
-    base = config.to_dict() if config is not None else {}
-    config = Config(**{**base, **{k: v for k, v in forced.items() if v is not None}})
+    config = engine_config(
+        config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,
+        graphs=graphs,
+    )  # fmt: skip
     workload = Workload.from_structures(
         structures, ensemble=chosen.name, temperature_K=chosen.settings.get("temperature_K"),
         pressure_GPa=_pressure_GPa(chosen.settings), steps=steps, timestep_fs=timestep_fs,
         reproducible=reproducible, device=device or "auto",
     )  # fmt: skip
     plan = make_plan(workload, config, probe_availabilities())
-    plan.apply_environment()  # before CUDA starts: allocator, emulation, determinism
     engine = plan.engine_settings()
     settings = RunSettings(
         ensemble=chosen,
@@ -176,31 +216,30 @@ def md(
         seed=seed,
         schedule=OutputSchedule(trajectory_every, thermo_every, restart_every),
         initial_temperature_K=initial_temperature_K,
-        block_steps=engine["block_steps"] or DEFAULT_BLOCK_STEPS,
-        skin_A=engine["skin_A"] or DEFAULT_SKIN_A,
-        capture=engine["capture"],
-        compile=engine["compile"],
         trajectory_format=trajectory_format,
     )
-    loaded = load(
-        model, head=head, checkpoint=checkpoint, download=False, backend=engine["backend"],
-        device=engine["device"], dtype=engine["dtype"], seed=seed,
-    )  # fmt: skip
-    gate, fallbacks = None, []
-    if check == "gate":
-        from fastmace.planner.fallback import gate_with_fallback
-        from fastmace.planner.reduce import reduced_structure
-
-        candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
-        checked = reduced_structure(structures[0], units[0])
-        gated = gate_with_fallback(
-            loaded, checked.atoms, candidates=candidates, environment=runner.environment,
-            structure=checked.description,
+    # The plan's variables hold for this run only: the user's environment is given back after.
+    with environment.restored(plan.environment_values()):
+        plan.apply_environment()  # before CUDA starts: allocator, emulation, determinism
+        _say_if_cuda_started(plan)
+        loaded = load(
+            model, head=head, checkpoint=checkpoint, download=False, backend=engine.backend,
+            device=engine.device, dtype=engine.dtype, seed=seed,
         )  # fmt: skip
-        loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
-    simulation = Simulation(
-        loaded, structures, settings, output, resume=resume, progress=progress,
-        gate=gate, fallbacks=fallbacks, plan=plan,
-        runner=runner_record(runner, in_child=_in_child_process),
-    )  # fmt: skip
-    return simulation.run()
+        gate, fallbacks = None, []
+        if check == "gate":
+            from fastmace.gate import gate_with_fallback, reduced_structure
+
+            candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
+            checked = reduced_structure(structures[0], units[0])
+            gated = gate_with_fallback(
+                loaded, checked.atoms, candidates=candidates, environment=runner.environment,
+                structure=checked.description,
+            )  # fmt: skip
+            loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
+        simulation = Simulation(
+            loaded, structures, settings, output, resume=resume, progress=progress,
+            gate=gate, fallbacks=fallbacks, plan=plan,
+            runner=runner_record(runner, in_child=_in_child_process),
+        )  # fmt: skip
+        return simulation.run()

@@ -33,14 +33,11 @@ from ase.stress import full_3x3_to_voigt_6_stress
 from fastmace.md.checks import check_structures
 from fastmace.md.edges import Edges
 from fastmace.md.neighbours import NeighbourList
+from fastmace.md.overflow import overflowed, regrow
 from fastmace.md.potential import Potential
 from fastmace.md.state import State
 from fastmace.models.load import LoadedModel, load
-
-DEFAULT_SKIN_A = 0.0
-"""No skin by default: on each call the search is cheap next to the model, while a skin's
-extra edges (about a third more for 0.5 Å at a 5 Å cutoff) would go through the model on
-every call. A skin pays off only where the search costs more than those edges."""
+from fastmace.vocabulary import CALCULATOR_SKIN_A
 
 
 @dataclass
@@ -64,7 +61,8 @@ class FastMACECalculator(Calculator):
             on its own device.
         dtype: ``"float32"`` or ``"float64"`` (loading only; default: the checkpoint's).
         backend: ``"auto"``, ``"e3nn"``, ``"cueq"``, ``"oeq"`` or ``"hybrid"`` (loading only).
-        skin_A: Verlet skin of the neighbour list in Å; see ``DEFAULT_SKIN_A``.
+        skin_A: Verlet skin of the neighbour list in Å (default none:
+            ``fastmace.vocabulary.CALCULATOR_SKIN_A`` says why).
         **load_options: further arguments of ``fm.load`` (``checkpoint``, ``download``,
             ``sha256``, ``trusted``, ``seed``, ``progress``).
 
@@ -83,7 +81,7 @@ class FastMACECalculator(Calculator):
         device: str | None = None,
         dtype: str | torch.dtype | None = None,
         backend: str = "auto",
-        skin_A: float = DEFAULT_SKIN_A,
+        skin_A: float = CALCULATOR_SKIN_A,
         **load_options: Any,
     ) -> None:
         super().__init__()
@@ -148,12 +146,9 @@ class FastMACECalculator(Calculator):
             # Searched into the existing buffers on the existing plan; skipped altogether
             # while the skin still covers every move (never, without a skin).
             kept.edges = kept.neighbours.update(state, kept.edges)
-        if bool(kept.edges.overflow):
+        if overflowed(kept.edges):
             # The atoms or the cell outgrew the plan: plan again with larger capacities.
-            grown = kept.neighbours.grown(state)
-            kept = _Neighbours(key, grown, grown.build(state))
-            if bool(kept.edges.overflow):
-                raise RuntimeError("a neighbour list planned for this structure overflowed")
+            kept = _Neighbours(key, *regrow(kept.neighbours, state))
         self._neighbours = kept
         return kept.edges
 

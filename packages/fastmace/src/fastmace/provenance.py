@@ -1,4 +1,5 @@
-"""``metadata.json``: what ran, with which software, on what, and how fast.
+"""What a run records: ``metadata.json`` (what ran, with which software, on what, how fast)
+and the one-screen report.
 
 Every run with an output directory writes it when the run starts (``status: running``), and
 again when it ends (``finished`` or ``failed``, with the error). The layout is described by
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import platform
 import subprocess
@@ -24,13 +26,15 @@ import numpy as np
 import torch
 
 import fastmace
-from fastmace.oeq import runtime as oeq_runtime
+from fastmace.oeq import host_extension
 from fastmace.runtime import environment
 from fastmace.runtime.driver import nvidia_driver_version
 
 if TYPE_CHECKING:
     from fastmace.models.load import LoadedModel
-    from fastmace.simulation import RunSettings
+    from fastmace.planner import EngineSettings
+    from fastmace.runs import MDResult, RunSettings
+    from fastmace.simulation import Simulation
 
 SCHEMA_VERSION = 1
 SCHEMA = Path(__file__).with_name("schemas") / "metadata.schema.json"
@@ -74,7 +78,7 @@ def checkout_state() -> dict[str, Any]:
 
 def software() -> dict[str, Any]:
     versions = {name: _version(name) for name in DISTRIBUTIONS}
-    record = oeq_runtime.record()
+    record = host_extension.record()
     return {
         "fastmace": {"version": fastmace.__version__, **checkout_state()},
         "python": sys.version.split()[0],
@@ -148,7 +152,8 @@ def structures_record(structures: Sequence[ase.Atoms]) -> list[dict[str, Any]]:
     ]
 
 
-def settings_record(settings: RunSettings) -> dict[str, Any]:
+def settings_record(settings: RunSettings, engine: EngineSettings) -> dict[str, Any]:
+    """What was asked for; the block length, skin and graphs are the engine settings'."""
     return {
         "ensemble": settings.ensemble.name,
         "ensemble_settings": dict(settings.ensemble.settings),
@@ -157,9 +162,9 @@ def settings_record(settings: RunSettings) -> dict[str, Any]:
         "seed": settings.seed,
         "initial_temperature_K": settings.initial_temperature_K,
         "schedule": dataclasses.asdict(settings.schedule),
-        "block_steps": settings.block_steps,
-        "skin_A": settings.skin_A,
-        "capture": settings.capture,
+        "block_steps": engine.block_steps,
+        "skin_A": engine.skin_A,
+        "capture": engine.graphs,
         "trajectory_format": settings.trajectory_format,
     }
 
@@ -177,6 +182,7 @@ def run_metadata(
     model: LoadedModel,
     structures: Sequence[ase.Atoms],
     settings: RunSettings,
+    engine_settings: EngineSettings,
     engine: dict[str, Any],
     status: str,
     timings: dict[str, float],
@@ -200,7 +206,7 @@ def run_metadata(
         "device": device_record(model.device),
         "model": model_record(model),
         "structures": structures_record(structures),
-        "settings": settings_record(settings),
+        "settings": settings_record(settings, engine_settings),
         "engine": engine,
         "plan": plan,
         "gate": gate,
@@ -211,3 +217,105 @@ def run_metadata(
         "seed": settings.seed,
         "timings": timings,
     }
+
+
+def engine_record(simulation: Simulation) -> dict[str, Any]:
+    """``metadata.json``'s ``engine``: what the engine, the list and the model actually used."""
+    engine = simulation.engine
+    neighbours = engine.force_field.neighbours
+    return {
+        "device": str(engine.md.state.device),
+        "block_steps": simulation.block_steps,
+        "capture": engine.capture,
+        "compile": simulation.potential.compiled,
+        "skin_A": neighbours.skin,
+        "headroom": neighbours.headroom,
+        "edge_capacity": neighbours.capacity,
+        "model_edge_capacity": neighbours.cutoff_capacity,
+        "neighbour_method": neighbours.method,
+        "regrowths": engine.regrowths,
+        "search_every": engine.force_field.search_every,
+        "search_halvings": engine.search_halvings,
+        "capture_failure": engine.capture_failure,
+    }
+
+
+def simulation_metadata(
+    simulation: Simulation, status: str, error: str | None = None
+) -> dict[str, Any]:
+    """The ``metadata.json`` document of ``simulation`` as it stands (``status``)."""
+    timings = {k: v for k, v in simulation.timings.items() if math.isfinite(v)}
+    gate, plan = simulation.gate, simulation.plan
+    return run_metadata(
+        model=simulation.model, structures=simulation.structures, settings=simulation.settings,
+        engine_settings=simulation.engine_settings, engine=engine_record(simulation),
+        status=status, timings=timings, error=error,
+        gate=gate.to_dict() if gate is not None else None,
+        plan=plan.to_dict() if plan is not None else None,
+        fallbacks=simulation.fallbacks, runner=simulation.runner,
+    )  # fmt: skip
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def _backend_reason(simulation: Simulation) -> str:
+    """Why this backend: the plan's reason when the run was planned (a fallback's when the
+    gate replaced it), else what loading the model said."""
+    if simulation.plan is not None and simulation.model.backend == simulation.plan.backend:
+        reason = simulation.plan.decision("backend").reason
+    else:
+        reason = simulation.model.backend_reason
+    if simulation.fallbacks:
+        reason += f" (after {len(simulation.fallbacks)} failed: see the gate)"
+    return reason
+
+
+def run_report(simulation: Simulation, result: MDResult) -> str:
+    """One screen: model, structure, run, engine, gate, speed, final state, output."""
+    model, settings, engine = simulation.model, simulation.settings, simulation.engine
+    neighbours = engine.force_field.neighbours
+    formulas = ", ".join(
+        f"{a.get_chemical_formula()} ({len(a)} atoms)" for a in simulation.structures[:4]
+    )
+    if len(simulation.structures) > 4:
+        formulas += f" and {len(simulation.structures) - 4} more"
+    graphs = "CUDA graphs" if engine.capture else "no CUDA graphs"
+    if engine.capture_failure:
+        graphs += f" (capture failed: {engine.capture_failure})"
+    gate = (
+        simulation.gate.summary() if simulation.gate is not None else "not run (fm.md check='gate')"
+    )
+    lines = [
+        "FastMACE run report",
+        f"model:     {model.summary()}",
+        f"backend:   {model.backend}: {_backend_reason(simulation)}",
+        f"structure: {formulas}",
+        f"run:       {settings.ensemble.describe()}, {result.steps} steps of "
+        f"{settings.timestep_fs} fs, seed {settings.seed}",
+        f"engine:    {simulation.block_steps} steps per launch, {graphs}, edge capacity "
+        f"{neighbours.capacity} ({neighbours.method}; model edges "
+        f"{neighbours.cutoff_capacity}), list regrown {engine.regrowths}x",
+        f"gate:      {gate}",
+    ]
+    if simulation.runner["subprocess"]:
+        extra = ", ".join(simulation.runner["environment"]) or "none"
+        lines.append(f"runner:    a child process (extra variables: {extra})")
+    if simulation.plan is not None:
+        lines.extend(simulation.plan.describe().splitlines())
+    for failure in simulation.fallbacks:
+        lines.append(f"fallback:  {failure['backend']} was not used: {failure['reason']}")
+    speed = result.timings.get("steps_per_s", float("nan"))
+    lines.append(
+        f"speed:     {speed:.1f} steps/s, {result.timings.get('ns_per_day', float('nan')):.3f}"
+        f" ns/day (setup {result.timings.get('setup_s', 0.0):.1f} s)"
+    )
+    if result.thermo:
+        last = result.thermo[0]
+        state = f"T = {last.get('temperature_K', float('nan')):.1f} K"
+        if last.get("pressure_GPa") is not None:
+            state += f", P = {last['pressure_GPa']:.3f} GPa"
+        lines.append(f"final:     {state}, E_pot = {last.get('potential_energy_eV'):.4f} eV")
+    lines.append(f"output:    {result.output if result.output else 'none (no directory)'}")
+    lines.append(f"licence:   the weights are under {model.licence}")
+    return "\n".join(lines) + "\n"

@@ -11,9 +11,9 @@ fails at once), then hands the run over through a private directory
 - ``final.traj`` and ``result.json``, written back by the child: ``MDResult``'s final
   structures and its other fields; or ``error.json``, the child's error.
 
-``python -m fastmace.runner REQUEST.json`` is the child: it calls :func:`fastmace.api.md` in its
-own process with the same arguments. A run with an ``output`` directory writes it there, as in
-process; a run without one writes nothing but the hand-off. The parent removes the hand-off
+``python -m fastmace.runner_child REQUEST.json`` is the child: it calls :func:`fastmace.api.md`
+in its own process with the same arguments. A run with an ``output`` directory writes it there,
+as in process; a run without one writes nothing but the hand-off. The parent removes the hand-off
 directory when it has read the result, and on every failure.
 
 The child gets this process's environment plus ``RunnerConfig.environment``, with the directory
@@ -24,7 +24,6 @@ Its output (progress lines, warnings, a traceback) is passed on, line by line, t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -37,16 +36,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import ase
 import ase.io
 
+from fastmace.runs import MDResult
 from fastmace.runtime.cache import handoff_dir
 from fastmace.runtime.environment import child_environment
-
-if TYPE_CHECKING:
-    from fastmace.simulation import MDResult
 
 REQUEST = "request.json"
 STRUCTURES = "structures.traj"
@@ -138,7 +135,7 @@ def runner_record(runner: RunnerConfig, in_child: bool) -> dict[str, Any]:
 # -- the parent ----------------------------------------------------------------------------
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """JSON for the few non-JSON types fm.md's arguments commonly hold."""
     if isinstance(value, os.PathLike):
         return os.fspath(value)
@@ -154,7 +151,7 @@ def encode_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
         if name == "config" and value is not None:
             value = value.to_dict()  # an fm.EngineConfig
         try:
-            encoded[name] = json.loads(json.dumps(value, default=_plain))
+            encoded[name] = json.loads(json.dumps(value, default=plain))
         except (TypeError, ValueError) as error:
             raise TypeError(
                 f"fm.md(..., runner=RunnerConfig(subprocess=True)) sends its arguments to the "
@@ -171,7 +168,7 @@ def _run_child(request: Path, runner: RunnerConfig, stream: TextIO) -> tuple[int
     """
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     child = subprocess.Popen(
-        [sys.executable, "-m", "fastmace.runner", str(request)],
+        [sys.executable, "-m", "fastmace.runner_child", str(request)],
         env=child_environment(runner.environment),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
     )  # fmt: skip
@@ -221,8 +218,6 @@ def _failure(
 
 
 def _read_result(handoff: Path) -> MDResult:
-    from fastmace.simulation import MDResult
-
     fields = json.loads((handoff / RESULT).read_text(encoding="utf-8"))
     output = fields.pop("output")
     structures = ase.io.read(handoff / FINAL, index=":", format="traj")
@@ -257,46 +252,3 @@ def run_in_subprocess(
         return _read_result(handoff)
     finally:
         shutil.rmtree(handoff, ignore_errors=True)
-
-
-# -- the child -----------------------------------------------------------------------------
-
-
-def _write_result(result: MDResult, handoff: Path) -> None:
-    fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
-    structures = fields.pop("structures")
-    fields["output"] = str(fields["output"]) if fields["output"] is not None else None
-    ase.io.write(handoff / FINAL, structures, format="traj")
-    # Written last: its presence means the result is complete.
-    (handoff / RESULT).write_text(json.dumps(fields, default=_plain), encoding="utf-8")
-
-
-def main(request_path: str) -> None:
-    """The child: run ``fm.md`` as the request says and write the result beside it."""
-    handoff = Path(request_path).parent
-    try:
-        request = json.loads(Path(request_path).read_text(encoding="utf-8"))
-        arguments = dict(request["arguments"])
-        if arguments.get("config") is not None:
-            from fastmace.planner import EngineConfig
-
-            arguments["config"] = EngineConfig(**arguments["config"])
-        structures = ase.io.read(handoff / STRUCTURES, index=":", format="traj")
-        # The values came with this process's environment; the gate's child gets them again.
-        environment = {name: os.environ[name] for name in request["environment"]}
-        runner = RunnerConfig(environment=environment)
-        from fastmace.api import md
-
-        result = md(structures, **arguments, runner=runner, _in_child_process=True)
-        _write_result(result, handoff)
-    except BaseException as error:
-        document = {"type": type(error).__name__, "message": str(error)}
-        (handoff / ERROR).write_text(json.dumps(document), encoding="utf-8")
-        raise  # the traceback goes to stderr, which the parent passes on and keeps the tail of
-
-
-if __name__ == "__main__":
-    # Run the imported module's main, not this __main__ copy's: one RunnerConfig class.
-    from fastmace.runner import main as child_main
-
-    child_main(sys.argv[1])

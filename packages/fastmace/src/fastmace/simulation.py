@@ -9,91 +9,29 @@ list's reference positions, so a resumed run continues bit for bit on the same d
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 import ase
 import torch
 
-from fastmace.io import OutputSchedule, Progress, RunDirectory, RunOutput
+from fastmace.io import Progress, RunDirectory, RunOutput
 from fastmace.md.checks import check_structures
-from fastmace.md.defaults import DEFAULT_BLOCK_STEPS, DEFAULT_SKIN_A
 from fastmace.md.engine import Engine, ForceField, generators_of, tensors_of
-from fastmace.md.ensembles import Ensemble
 from fastmace.md.integrators import maxwell_boltzmann_velocities
 from fastmace.md.neighbours import NeighbourList
+from fastmace.md.overflow import overflowed, regrow
 from fastmace.md.potential import Potential
 from fastmace.md.state import State
 from fastmace.md.thermo import thermo_rows
 from fastmace.models.load import LoadedModel
+from fastmace.planner import EngineSettings, Plan
+from fastmace.runs import MDResult, RunSettings
 
-
-@dataclass(frozen=True)
-class RunSettings:
-    """How to run: the ensemble, length, timestep, seed, output and engine settings."""
-
-    ensemble: Ensemble
-    steps: int
-    timestep_fs: float = 1.0
-    seed: int = 0
-    schedule: OutputSchedule = field(default_factory=OutputSchedule)
-    initial_temperature_K: float | None = None
-    """Draw Maxwell-Boltzmann velocities at this temperature (None: keep the structure's)."""
-    block_steps: int = DEFAULT_BLOCK_STEPS
-    skin_A: float = DEFAULT_SKIN_A
-    capture: bool | None = None
-    """CUDA graphs: None means on for CUDA devices."""
-    compile: bool = False
-    """Run the model through torch.compile."""
-    trajectory_format: str = "auto"
-
-    def __post_init__(self) -> None:
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
-            raise ValueError(f"steps must be a non-negative whole number, got {self.steps!r}")
-        if self.block_steps < 1:
-            raise ValueError(f"block_steps must be at least 1, got {self.block_steps}")
-        if not self.skin_A > 0:
-            raise ValueError(f"the neighbour-list skin must be positive (Å), got {self.skin_A}")
-
-    def effective_block_steps(self) -> int:
-        """K, shortened so that every output interval is a whole number of blocks."""
-        intervals = [v for v in dataclasses.asdict(self.schedule).values() if v > 0]
-        return math.gcd(self.block_steps, *intervals)
-
-
-@dataclass
-class MDResult:
-    """What a run did: final structures, last thermo rows, where the output is, how fast."""
-
-    structures: list[ase.Atoms]
-    steps: int
-    thermo: list[dict[str, Any]]
-    output: Path | None
-    timings: dict[str, float]
-    model: str
-    ensemble: str
-    report: str = ""
-    """The final report: one screen (also saved as report.txt)."""
-
-    def summary(self) -> str:
-        speed = self.timings.get("steps_per_s", float("nan"))
-        ns_day = self.timings.get("ns_per_day", float("nan"))
-        last = self.thermo[0] if self.thermo else {}
-        temperature = last.get("temperature_K")
-        text = (
-            f"{self.steps} steps of {self.ensemble} with {self.model}: {speed:.1f} steps/s, "
-            f"{ns_day:.3f} ns/day"
-        )
-        if temperature is not None:
-            text += f"; final T = {temperature:.1f} K"
-        if self.output is not None:
-            text += f"; output in {self.output}"
-        return text
+__all__ = ["MDResult", "RunSettings", "Simulation"]
 
 
 class Simulation:
@@ -106,23 +44,25 @@ class Simulation:
         settings: RunSettings,
         output: str | Path | None = None,
         *,
+        engine: EngineSettings | None = None,
+        plan: Plan | None = None,
         resume: bool = False,
         progress: TextIO | None = None,
         gate: Any = None,
         fallbacks: Sequence[dict[str, Any]] = (),
-        plan: Any = None,
         runner: dict[str, Any] | None = None,
     ) -> None:
         started = time.perf_counter()
-        self.plan = plan  # a fastmace.planner.Plan, when the run was planned (fm.md)
+        self.plan = plan  # when the run was planned (fm.md): its decisions are the engine's
+        self.engine_settings = _engine_settings(engine, plan)
         # metadata.json's runner record (fastmace.runner.runner_record): in a child process?
         self.runner = runner or {"subprocess": False, "environment": []}
-        self.gate = gate  # a fastmace.planner.gate.GateResult, when the run was checked
+        self.gate = gate  # a fastmace.gate.GateResult, when the run was checked
         self.fallbacks = list(fallbacks)
         check_structures(structures, model.description.atomic_numbers)
         self.model = model
         self.settings = settings
-        self.block_steps = settings.effective_block_steps()
+        self.block_steps = settings.block_steps_for(self.engine_settings.block_steps)
         self.progress_stream = progress
         self.output: RunOutput | None = None
         self.start_step = 0
@@ -151,7 +91,7 @@ class Simulation:
         if restart is not None:
             state = _state_from_restart(state, restart.payload)
         self.potential = Potential.from_loaded(
-            model, state.atomic_numbers, compile=settings.compile
+            model, state.atomic_numbers, compile=self.engine_settings.compile
         )
         neighbours, edges = self._neighbour_list(state, restart)
         force_field = ForceField(
@@ -169,40 +109,17 @@ class Simulation:
             settings.ensemble.step,
             force_field,
             block_steps=self.block_steps,
-            capture=settings.capture,
+            capture=self.engine_settings.graphs,
         )
         self.structures = list(structures)
         self.timings = {"setup_s": time.perf_counter() - started}
         self._write_metadata("running")
 
     def _write_metadata(self, status: str, error: str | None = None) -> None:
-        if self.output is None:
-            return
-        from fastmace.provenance import run_metadata
+        if self.output is not None:
+            from fastmace.provenance import simulation_metadata
 
-        neighbours = self.engine.force_field.neighbours
-        engine = {
-            "device": str(self.engine.md.state.device),
-            "block_steps": self.block_steps,
-            "capture": self.engine.capture,
-            "compile": self.potential.compiled,
-            "edge_capacity": neighbours.capacity,
-            "model_edge_capacity": neighbours.cutoff_capacity,
-            "neighbour_method": neighbours.method,
-            "regrowths": self.engine.regrowths,
-            "search_every": self.engine.force_field.search_every,
-            "search_halvings": self.engine.search_halvings,
-            "capture_failure": self.engine.capture_failure,
-        }
-        timings = {k: v for k, v in self.timings.items() if math.isfinite(v)}
-        document = run_metadata(
-            model=self.model, structures=self.structures, settings=self.settings,
-            engine=engine, status=status, timings=timings, error=error,
-            gate=self.gate.to_dict() if self.gate is not None else None,
-            plan=self.plan.to_dict() if self.plan is not None else None,
-            fallbacks=self.fallbacks, runner=self.runner,
-        )  # fmt: skip
-        self.output.write_metadata(document)
+            self.output.write_metadata(simulation_metadata(self, status, error))
 
     @property
     def neighbours(self) -> NeighbourList:
@@ -214,22 +131,26 @@ class Simulation:
         settings = self.settings
         while True:
             md = settings.ensemble.init(state, force_field, settings.timestep_fs, settings.seed)
-            if not bool(force_field.edges.overflow):  # host read, once, outside the hot path
+            if not overflowed(force_field.edges):  # host read, once, outside the hot path
                 return md
-            grown = force_field.neighbours.grown(state)
-            force_field.neighbours, force_field.edges = grown, grown.build(state)
+            force_field.neighbours, force_field.edges = regrow(force_field.neighbours, state)
 
     def _neighbour_list(self, state: State, restart: Any) -> tuple[NeighbourList, Any]:
+        engine = self.engine_settings
         if restart is None:
-            neighbours = NeighbourList(state, self.potential.r_max, self.settings.skin_A)
+            neighbours = NeighbourList(
+                state, self.potential.r_max, engine.skin_A, engine.edge_capacity,
+                headroom=engine.headroom,
+            )  # fmt: skip
             return neighbours, neighbours.build(state)
         saved = restart.payload["neighbours"]
         neighbours = NeighbourList(
             state,
             self.potential.r_max,
-            self.settings.skin_A,
+            engine.skin_A,
             int(saved["capacity"]),
             bin_capacity=int(saved["bin_capacity"]),
+            headroom=engine.headroom,
         )
         # Rebuilding from the reference positions gives exactly the interrupted run's edges.
         device = state.device
@@ -360,70 +281,14 @@ class Simulation:
             model=self.model.name,
             ensemble=settings.ensemble.describe(),
         )
-        result.report = self._report(result)
+        from fastmace.provenance import run_report
+
+        result.report = run_report(self, result)
         if self.output is not None:
             self._write_metadata("finished")
             self.output.write_report(result.report)
             self.output.close()
         return result
-
-    def _backend_reason(self) -> str:
-        """Why this backend: the plan's reason when the run was planned (a fallback's when the
-        gate replaced it), else what loading the model said."""
-        if self.plan is not None and self.model.backend == self.plan.backend:
-            reason = self.plan.decision("backend").reason
-        else:
-            reason = self.model.backend_reason
-        if self.fallbacks:
-            reason += f" (after {len(self.fallbacks)} failed: see the gate)"
-        return reason
-
-    def _report(self, result: MDResult) -> str:
-        """One screen: model, structure, run, engine, gate, speed, final state, output."""
-        model, settings, engine = self.model, self.settings, self.engine
-        neighbours = engine.force_field.neighbours
-        formulas = ", ".join(
-            f"{a.get_chemical_formula()} ({len(a)} atoms)" for a in self.structures[:4]
-        )
-        if len(self.structures) > 4:
-            formulas += f" and {len(self.structures) - 4} more"
-        graphs = "CUDA graphs" if engine.capture else "no CUDA graphs"
-        if engine.capture_failure:
-            graphs += f" (capture failed: {engine.capture_failure})"
-        gate = self.gate.summary() if self.gate is not None else "not run (fm.md check='gate')"
-        lines = [
-            "FastMACE run report",
-            f"model:     {model.summary()}",
-            f"backend:   {model.backend}: {self._backend_reason()}",
-            f"structure: {formulas}",
-            f"run:       {settings.ensemble.describe()}, {result.steps} steps of "
-            f"{settings.timestep_fs} fs, seed {settings.seed}",
-            f"engine:    {self.block_steps} steps per launch, {graphs}, edge capacity "
-            f"{neighbours.capacity} ({neighbours.method}; model edges "
-            f"{neighbours.cutoff_capacity}), list regrown {engine.regrowths}x",
-            f"gate:      {gate}",
-        ]
-        if self.runner["subprocess"]:
-            extra = ", ".join(self.runner["environment"]) or "none"
-            lines.append(f"runner:    a child process (extra variables: {extra})")
-        if self.plan is not None:
-            lines.extend(self.plan.describe().splitlines())
-        for failure in self.fallbacks:
-            lines.append(f"fallback:  {failure['backend']} was not used: {failure['reason']}")
-        speed = result.timings.get("steps_per_s", float("nan"))
-        lines.append(
-            f"speed:     {speed:.1f} steps/s, {result.timings.get('ns_per_day', float('nan')):.3f}"
-            f" ns/day (setup {result.timings.get('setup_s', 0.0):.1f} s)"
-        )
-        if result.thermo:
-            last = result.thermo[0]
-            state = f"T = {last.get('temperature_K', float('nan')):.1f} K"
-            if last.get("pressure_GPa") is not None:
-                state += f", P = {last['pressure_GPa']:.3f} GPa"
-            lines.append(f"final:     {state}, E_pot = {last.get('potential_energy_eV'):.4f} eV")
-        lines.append(f"output:    {result.output if result.output else 'none (no directory)'}")
-        lines.append(f"licence:   the weights are under {model.licence}")
-        return "\n".join(lines) + "\n"
 
 
 def _state_from_restart(state: State, payload: dict[str, Any]) -> State:
@@ -440,3 +305,16 @@ def _state_from_restart(state: State, payload: dict[str, Any]) -> State:
             )
         fields[name] = torch.as_tensor(array, dtype=current.dtype, device=current.device)
     return replace(state, **fields)
+
+
+def _engine_settings(engine: EngineSettings | None, plan: Plan | None) -> EngineSettings:
+    """The one set of engine settings: the plan's, or those given (by hand, unplanned)."""
+    if plan is None:
+        return EngineSettings() if engine is None else engine
+    planned = plan.engine_settings()
+    if engine is not None and engine != planned:
+        raise ValueError(
+            "Simulation got engine settings twice, from the plan and as engine=, and they "
+            "differ: force a setting through the plan's EngineConfig instead"
+        )
+    return planned

@@ -15,14 +15,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastmace.md.defaults import ENSEMBLE_SETTINGS
+from fastmace.vocabulary import (
+    DEFAULT_ENSEMBLE,
+    ENSEMBLE_ALIASES,
+    ENSEMBLE_SETTINGS,
+    ENSEMBLES,
+)
 
 # Keys of a run config (TOML) besides the ensemble settings: fm.md's other arguments.
 RUN_KEYS = (
     "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
     "repeat", "initial_temperature_K", "trajectory_every", "thermo_every", "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "block_steps", "skin_A",
-    "capture", "resume", "check",
+    "graphs", "resume", "check",
 )  # fmt: skip
 # Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
 RUNNER_KEYS = ("subprocess", "environment")
@@ -43,7 +48,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     md.add_argument("structure", help="any file ASE reads (the last frame is used)")
     md.add_argument("--model", default="demo-emt-cu", help="label, template:NAME or path")
     md.add_argument("--head", help="model head (multi-head models)")
-    md.add_argument("--ensemble", default="nvt", help="nve, nvt, nvt-csvr, nvt-nose-hoover, npt")
+    md.add_argument(
+        "--ensemble", default=DEFAULT_ENSEMBLE, help=", ".join([*ENSEMBLES, *ENSEMBLE_ALIASES])
+    )
     md.add_argument("--temperature", type=float, dest="temperature_K", help="K")
     md.add_argument("--pressure", type=float, dest="pressure_GPa", help="GPa (NPT)")
     md.add_argument("--steps", type=int, default=1000)

@@ -14,7 +14,7 @@ with searches twice as often, down to every step; a run's trajectory never uses 
 
 Overflow: when the neighbour list found more edges (or bin entries) than it has room for, the
 block is wrong. The engine puts the state back as it was at the block's start, grows the list
-(``NeighbourList.grown``), captures again and redoes the block. A non-finite energy or force
+(``overflow.regrow``), captures again and redoes the block. A non-finite energy or force
 stops the run with :class:`SimulationError` instead; the caller keeps its last good restart.
 """
 
@@ -29,6 +29,7 @@ import torch
 from fastmace.md.edges import Edges
 from fastmace.md.integrators import ComputeFn, ForceResult, MDState
 from fastmace.md.neighbours import NeighbourList
+from fastmace.md.overflow import regrow
 from fastmace.md.potential import Potential
 from fastmace.md.state import State
 
@@ -273,9 +274,8 @@ class Engine:
         self.search_halvings += 1
 
     def _regrow(self) -> None:
-        grown = self.force_field.neighbours.grown(self.md.state)
-        self.force_field.neighbours = grown
-        self.force_field.edges = grown.build(self.md.state)
+        field = self.force_field
+        field.neighbours, field.edges = regrow(field.neighbours, self.md.state)
         self.graph = None  # shapes changed: capture again, after an eager warm-up block
         self.warmed_up = False
         self.regrowths += 1

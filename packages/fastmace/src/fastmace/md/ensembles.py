@@ -14,32 +14,25 @@ from typing import Any
 from fastmace.md import integrators
 from fastmace.md.integrators import ComputeFn, MDState
 from fastmace.md.state import State
+from fastmace.vocabulary import (
+    ENSEMBLE_TAKES,
+    ENSEMBLES,
+    canonical_ensemble,
+    needs_temperature,
+    takes_pressure,
+)
 
-# name -> (init, step, which settings it takes, needs stress, stochastic)
-_TABLE: dict[str, tuple[Callable, Callable, tuple[str, ...], bool, bool]] = {
-    "nve": (integrators.nve_init, integrators.nve_step, (), False, False),
-    "nvt-langevin": (
-        integrators.langevin_init, integrators.langevin_step,
-        ("temperature_K", "friction_per_ps"), False, True,
-    ),
-    "nvt-csvr": (
-        integrators.csvr_init, integrators.csvr_step, ("temperature_K", "tau_fs"), False, True,
-    ),
+# name -> (init, step, stochastic); what each takes is in fastmace.vocabulary.ENSEMBLE_TAKES.
+_TABLE: dict[str, tuple[Callable, Callable, bool]] = {
+    "nve": (integrators.nve_init, integrators.nve_step, False),
+    "nvt-langevin": (integrators.langevin_init, integrators.langevin_step, True),
+    "nvt-csvr": (integrators.csvr_init, integrators.csvr_step, True),
     "nvt-nose-hoover": (
-        integrators.nose_hoover_chain_init, integrators.nose_hoover_chain_step,
-        ("temperature_K", "tau_fs", "chain_length"), False, False,
+        integrators.nose_hoover_chain_init, integrators.nose_hoover_chain_step, False,
     ),
-    "npt": (
-        integrators.npt_init, integrators.npt_step,
-        ("temperature_K", "pressure_GPa", "pressure_bar", "thermostat_tau_fs",
-         "barostat_tau_fs", "compressibility_per_GPa", "cell_mode"), True, True,
-    ),
+    "npt": (integrators.npt_init, integrators.npt_step, True),
 }  # fmt: skip
-ALIASES = {
-    "nvt": "nvt-langevin", "langevin": "nvt-langevin", "csvr": "nvt-csvr", "bussi": "nvt-csvr",
-    "nose-hoover": "nvt-nose-hoover", "nhc": "nvt-nose-hoover",
-}  # fmt: skip
-ENSEMBLES = tuple(_TABLE)
+assert tuple(_TABLE) == ENSEMBLES, "one integrator per ensemble of fastmace.vocabulary"
 
 
 class EnsembleError(ValueError):
@@ -55,11 +48,11 @@ class Ensemble:
 
     @property
     def needs_stress(self) -> bool:
-        return _TABLE[self.name][3]
+        return takes_pressure(self.name)  # a barostat reads the stress every step
 
     @property
     def stochastic(self) -> bool:
-        return _TABLE[self.name][4]
+        return _TABLE[self.name][2]
 
     def init(self, state: State, compute: ComputeFn, timestep_fs: float, seed: int) -> MDState:
         init = _TABLE[self.name][0]
@@ -77,11 +70,11 @@ class Ensemble:
 
 def ensemble(name: str, **settings: Any) -> Ensemble:
     """The ensemble ``name`` (or an alias) with ``settings``; None values are left out."""
-    canonical = ALIASES.get(name.lower(), name.lower())
-    if canonical not in _TABLE:
-        choices = ", ".join([*ENSEMBLES, *ALIASES])
-        raise EnsembleError(f"unknown ensemble {name!r}; choose one of: {choices}")
-    accepted = _TABLE[canonical][2]
+    try:
+        canonical = canonical_ensemble(name)
+    except ValueError as error:
+        raise EnsembleError(str(error)) from None
+    accepted = ENSEMBLE_TAKES[canonical]
     given = {key: value for key, value in settings.items() if value is not None}
     unknown = sorted(set(given) - set(accepted))
     if unknown:
@@ -89,6 +82,6 @@ def ensemble(name: str, **settings: Any) -> Ensemble:
         raise EnsembleError(
             f"the {canonical} ensemble does not take {', '.join(unknown)}; it takes: {takes}"
         )
-    if "temperature_K" in accepted and "temperature_K" not in given:
+    if needs_temperature(canonical) and "temperature_K" not in given:
         raise EnsembleError(f"the {canonical} ensemble needs a temperature (temperature_K)")
     return Ensemble(canonical, given)

@@ -1,68 +1,11 @@
 """Device neighbour list with a Verlet skin and fixed capacities, safe to capture in a CUDA graph.
 
-A `NeighbourList` is planned once for a `State` on the host: it picks the method, the bin grid
-and the stencil of neighbouring bins (which also fixes the set of periodic images), and sizes
-the edge and bin buffers with headroom. After that, `build` and `update` are device work only:
-no ``.item()``, no ``nonzero``, no boolean-mask indexing, no shape that depends on the data, so
-a block of MD steps that calls them can be captured as one CUDA graph.
-
-Method. Every atom is located in fractional coordinates of its system's basis: the lattice
-vectors along periodic directions (where it is wrapped into the cell, remembering the integer
-offset) and fixed unit vectors perpendicular to them along open directions (where nothing is
-wrapped and atoms beyond the grid are clamped into its edge bins, which keeps every pair
-within reach in neighbouring bins). Each system gets its own grid of bins; the bins hold at
-most ``bin_capacity`` atoms each in a (bins, bin_capacity) table. Every atom then looks at a
-fixed stencil of bin offsets; along periodic directions an offset that leaves the grid wraps
-round and becomes a lattice image, so cells narrower than the cutoff simply get a wider
-stencil (several images, an atom's own images included, the zero-shift self pair excluded).
-"dense" is the same algorithm with one bin per system (all pairs of a system against all
-images), best for small systems; "binned" uses bins at least cutoff + skin wide, for large
-ones. ``method="auto"`` takes whichever examines fewer candidate pairs for the initial state.
-All systems of a batch share the widest stencil, so one tiny cell widens everyone's search.
-Candidates are processed in chunks of atoms so memory stays bounded; the pairs within cutoff +
-skin are compacted into the fixed edge buffer by a running cumulative sum: slot ``e`` is filled
-by the candidate whose rank is ``e + 1``, found with ``searchsorted``. Edges come out grouped
-by sender, in atom order. Measured on an H200 (torch 2.11): 32768 atoms at 0.1 atoms/Å^3 with
-cutoff 6 Å and skin 0.5 Å (3.8 M edges) take 11 ms per search and peak at 2.3 GiB.
-
-Skin. `update` rebuilds when, for some system, twice the largest atom displacement since the
-last build plus the largest change of a stencil image vector (non-zero only when the cell
-changes, as under a barostat) reaches the skin; until then every pair within the cutoff is in
-the stored list (exactly so for a fixed cell; for a changing cell the bound covers every image
-the stencil can produce). The decision is a device tensor and the rebuild is
-selected with ``torch.where``: the search itself runs on every `update` (same kernels every
-step, as capture requires), so the skin saves no search time by itself. Skipping the search on
-steps that need no rebuild would take a CUDA graph conditional node (``torch.cond`` captured
-by newer PyTorch releases); `needs_rebuild` is public for that, but it is not used or tested
-here. One list tracks one set of edges: `build` resets the skin reference. Positions are never
-wrapped here; an engine that wraps positions between rebuilds simply triggers a rebuild,
-because a wrapped atom has moved by a lattice vector.
-
-The model's edges. The list holds every pair within cutoff + skin, with headroom; the model
-needs only the pairs within the cutoff. `cutoff_edges` compacts those, each step, into a
-second fixed buffer sized for them (``cutoff_headroom``, tighter than the list's), so the
-model pays for about 1.1 times the real pairs instead of (1 + skin/cutoff)^3 x 1.25 (about
-1.6 times for a 6 Å cutoff and a 0.5 Å skin). Its overflow is the list's overflow.
-
-Overflow. ``edges.overflow`` is set, and stays set, when more edges were found than fit (the
-true number is still in ``edges.count``), when a bin held more atoms than ``bin_capacity``, or
-when the cell has changed so much that the planned stencil no longer covers cutoff + skin.
-Nothing is silently truncated: the flag means "this block is wrong". The engine reads it once
-per block of K steps (one host synchronisation), and if set, calls `grown` with the state from
-the start of the block, re-captures with the new list and redoes the block.
-
-Libraries evaluated. vesin / vesin-torch: exact, fast, CPU and CUDA, but the
-output length is data-dependent (the GPU pair counter is read back to size the output) and the
-list is rebuilt from scratch on each call, so it cannot sit inside a captured step. torch-nl:
-pure PyTorch and TorchScript-able, but compacts with data-dependent shapes and assumes wrapped
-positions. matscipy and ASE: CPU only (ASE is our test reference). torch_cluster's
-radius_graph: no periodic images, variable-length output. nvalchemi-toolkit-ops: Warp kernels
-with fixed-size neighbour matrices, batched and partially periodic cells, and documented CUDA
-graph replay for prepared routes; it comes closest, but adds two runtime dependencies (the
-toolkit and warp-lang, which compiles kernels at first use into an on-disk cache), returns a
-per-atom neighbour matrix that would still need compacting into our edge buffers, and "eligible
-configurations" only are capture-safe. So this module is written in plain PyTorch; if the
-search shows up in profiles, nvalchemi-toolkit-ops is the first candidate to revisit.
+A `NeighbourList` is planned once for a `State` on the host (method, bin grid, stencil of
+periodic images, buffer sizes with headroom); after that `build`, `update` and `cutoff_edges`
+are device work only, with shapes fixed by the plan. More pairs or a fuller bin than planned set
+``edges.overflow``: nothing is silently truncated (`fastmace.md.overflow.regrow` grows the
+list). The method, the skin test, measurements and the libraries evaluated:
+docs/design/neighbour-list.md.
 """
 
 from __future__ import annotations
@@ -76,12 +19,9 @@ import torch
 
 from fastmace.md.edges import Edges, edge_vectors, per_system_matmul, systems_of_atoms
 from fastmace.md.state import POSITION_DTYPE, State
+from fastmace.vocabulary import CUTOFF_HEADROOM, NEIGHBOUR_HEADROOM
 
 METHODS = ("auto", "dense", "binned")
-DEFAULT_HEADROOM = 1.25  # capacities are the initial need times this
-# The model's edge buffer (pairs within the cutoff) is sized tighter: it is what the model
-# pays for, slot by slot, and its count moves far less than a whole rebuild's.
-DEFAULT_CUTOFF_HEADROOM = 1.1
 DEFAULT_CELL_MARGIN = 0.05  # bins are planned this much wider, so a cell may shrink by ~5 %
 DEFAULT_CHUNK_CANDIDATES = 1 << 24  # candidate pairs examined at once (~2 GB of scratch)
 
@@ -148,8 +88,8 @@ class NeighbourList:
         cutoff_capacity: int | None = None,
         bin_capacity: int | None = None,
         method: str = "auto",
-        headroom: float = DEFAULT_HEADROOM,
-        cutoff_headroom: float = DEFAULT_CUTOFF_HEADROOM,
+        headroom: float = NEIGHBOUR_HEADROOM,
+        cutoff_headroom: float = CUTOFF_HEADROOM,
         cell_margin: float = DEFAULT_CELL_MARGIN,
         chunk_candidates: int = DEFAULT_CHUNK_CANDIDATES,
     ) -> None:

@@ -45,7 +45,7 @@ from fastmace.md.edges import (
 )
 from fastmace.md.state import State
 from fastmace.models.backends import rounding_tolerances
-from fastmace.models.loading import default_dtype, model_device, model_dtype
+from fastmace.models.checkpoint import default_dtype, model_device, model_dtype
 from fastmace.models.reference import check_structure
 
 if TYPE_CHECKING:

@@ -2,12 +2,13 @@
 
 Every per-atom tensor has one row per atom of all systems together; ``system`` says which
 system each atom belongs to, and per-system tensors have one row per system. One structure is
-the batch of one: there is no separate single-system code path.
+the batch of one: there is no separate single-system code path. Beside it: what a potential
+returns for a State (:class:`ForceResult`) and the potential's signature (``ComputeFn``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import ase
@@ -116,3 +117,26 @@ class State:
 
 
 _FIELDS = ("positions", "velocities", "masses", "atomic_numbers", "cell", "pbc", "system")
+
+
+@dataclass
+class ForceResult:
+    """What a potential returns for a State.
+
+    Attributes:
+        energy: (S,) float64 potential energy of each system in eV.
+        forces: (N, 3) float64 forces in eV/Å, minus the gradient of the energy.
+        stress: (S, 3, 3) float64 configurational stress in eV/Å^3, or None where the caller
+            needs none (only NPT does). It is ``(1/V) dE/dε`` for a symmetric strain ``ε`` of
+            cell and positions, ASE's convention: positive under tension, so the pressure from
+            it is ``-trace/3``. It has no kinetic part; the integrators add that themselves.
+    """
+
+    energy: torch.Tensor
+    forces: torch.Tensor
+    stress: torch.Tensor | None = None
+
+
+ComputeFn = Callable[[State], ForceResult]
+"""A potential: energy, forces (and stress) at the positions and cells of a State. It must not
+modify the State; within a step it is called once, and may be captured in a CUDA graph."""

@@ -8,8 +8,7 @@ from fastmace.md.edges import Edges
 from fastmace.md.integrators import MDState
 from fastmace.md.integrators.common import cell_volume, kinetic_tensor
 from fastmace.md.potential import Potential
-
-EV_PER_A3_IN_GPA = 160.21766208  # 1 eV/Å^3 in GPa
+from fastmace.vocabulary import EV_PER_A3_IN_GPA
 
 
 def thermo_rows(

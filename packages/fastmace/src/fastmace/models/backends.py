@@ -18,7 +18,7 @@ from importlib import util as importlib_util
 import numpy as np
 import torch
 
-from fastmace.models.loading import (
+from fastmace.models.checkpoint import (
     contained,
     dtype_name,
     import_mace,
@@ -26,8 +26,7 @@ from fastmace.models.loading import (
     model_dtype,
 )
 from fastmace.models.reference import check_structure, evaluate
-
-BACKENDS = ("e3nn", "cueq", "oeq", "hybrid")
+from fastmace.vocabulary import BACKENDS
 
 
 class BackendUnavailableError(RuntimeError):
@@ -85,10 +84,10 @@ def availability(backend: str, device: str) -> Availability:
 
 def _oeq_host_extension() -> str | None:
     """Why OpenEquivariance's host extension is not available here, or None if it is."""
-    from fastmace.oeq import choice, runtime
+    from fastmace.oeq import choice, host_extension
 
-    done = runtime.record()
-    if done is not None and done.how in (runtime.UNAVAILABLE, runtime.FAILED):
+    done = host_extension.record()
+    if done is not None and done.how in (host_extension.UNAVAILABLE, host_extension.FAILED):
         return done.reason
     if done is not None and done.loaded:
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -10,6 +11,13 @@ from typing import TextIO
 import torch
 
 from fastmace.models import backends
+from fastmace.models.checkpoint import (
+    ModelDescription,
+    describe,
+    dtype_name,
+    load_checkpoint,
+    model_dtype,
+)
 from fastmace.models.files import ModelFile, locate_label_file, locate_url, verify
 from fastmace.models.label_table import (
     Checkpoint,
@@ -18,14 +26,8 @@ from fastmace.models.label_table import (
     licence_name,
     resolve_label,
 )
-from fastmace.models.loading import (
-    ModelDescription,
-    describe,
-    dtype_name,
-    load_checkpoint,
-    model_dtype,
-)
 from fastmace.models.templates import template
+from fastmace.vocabulary import CPU_BACKEND, CUDA_BACKEND_ORDER
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -85,19 +87,28 @@ def _check_device(device: str) -> None:
         raise ValueError(f"device={device!r} is not supported: use 'cpu' or 'cuda'")
 
 
-def _choose_backend(backend: str, device: str) -> tuple[str, str]:
+def choose_backend(
+    backend: str,
+    device: str,
+    availability: Callable[[str, str], backends.Availability] = backends.availability,
+) -> tuple[str, str]:
+    """The backend to load and why: ``backend``, or for "auto" the first available one in
+    fastmace.vocabulary's order (the order fm.md's planner follows too).
+
+    ``availability(backend, device)`` says what can run (default: this machine).
+    """
     if backend != "auto":
-        found = backends.availability(backend, device)
+        found = availability(backend, device)
         if not found.available:
             raise backends.BackendUnavailableError(
                 f"the {backend} backend is unavailable: {found.reason}"
             )
         return backend, f"asked for ({found.reason})"
     if not device.startswith("cuda"):
-        return "e3nn", "auto on the CPU: e3nn is the fastest CPU backend"
+        return CPU_BACKEND, f"auto on the CPU: {CPU_BACKEND} is the fastest CPU backend"
     skipped = []
-    for candidate in ("hybrid", "cueq", "e3nn"):
-        found = backends.availability(candidate, device)
+    for candidate in CUDA_BACKEND_ORDER:
+        found = availability(candidate, device)
         if found.available:
             passed = "; ".join(skipped)
             return candidate, f"auto: the fastest available{f' ({passed})' if passed else ''}"
@@ -136,7 +147,7 @@ def load(
     """
     want_dtype = _parse_dtype(dtype)
     _check_device(device)
-    chosen, reason = _choose_backend(backend, device)
+    chosen, reason = choose_backend(backend, device)
     text = os.fspath(model)
     checkpoint_entry: Checkpoint | None = None
     file: ModelFile | None = None

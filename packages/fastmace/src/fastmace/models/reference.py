@@ -13,7 +13,7 @@ import ase
 import numpy as np
 import torch
 
-from fastmace.models.loading import contained, import_mace, model_device, model_dtype
+from fastmace.models.checkpoint import contained, import_mace, model_device, model_dtype
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fastmace.models.checkpoint import contained, import_mace
 from fastmace.models.label_table import UnknownLabelError
-from fastmace.models.loading import contained, import_mace
 
 _OFF_ELEMENTS = (1, 6, 7, 8, 9, 15, 16, 17, 35, 53)  # H C N O F P S Cl Br I
 _MH1_HEADS = (

@@ -6,7 +6,7 @@ after waiting up to 300 s for a ``lock`` file in torch's extension directory. Wh
 (and so OpenEquivariance) is imported, :func:`intercepting_extension_load` replaces that one
 function so the call for ``libtorch_tp_jit`` is answered by FastMACE (the prebuilt library or
 the build-once cache); every other call passes through, and the original is put back when the
-import is over. Checked against OpenEquivariance 0.7.0; ``tests/test_oeq_runtime.py`` fails
+import is over. Checked against OpenEquivariance 0.7.0; ``tests/test_oeq_host_extension.py`` fails
 when a new version changes the loader.
 """
 

@@ -17,7 +17,14 @@ from typing import Any
 from fastmace.planner.availability import Availabilities, BackendStatus
 from fastmace.planner.config import EngineConfig
 from fastmace.planner.decide import make_plan
-from fastmace.planner.plan import Decision, EnvironmentSetting, Fallback, Plan, PlanError
+from fastmace.planner.plan import (
+    Decision,
+    EngineSettings,
+    EnvironmentSetting,
+    Fallback,
+    Plan,
+    PlanError,
+)
 from fastmace.planner.workload import Workload
 
 
@@ -34,6 +41,7 @@ __all__ = [
     "BackendStatus",
     "Decision",
     "EngineConfig",
+    "EngineSettings",
     "EnvironmentSetting",
     "Fallback",
     "Plan",

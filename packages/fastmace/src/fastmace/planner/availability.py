@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastmace.planner.config import BACKENDS
+from fastmace.vocabulary import BACKENDS
 
 _E3NN_EVERYWHERE = "mace-torch's reference kernels run everywhere"
 

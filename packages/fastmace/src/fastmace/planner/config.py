@@ -11,9 +11,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-# fastmace.models.backends.BACKENDS (that module imports torch; test_planner checks they agree).
-BACKENDS = ("e3nn", "cueq", "oeq", "hybrid")
-DTYPES = ("float32", "float64")
+from fastmace.vocabulary import BACKENDS, DTYPES
+
 # cuBLAS's fixed-point emulation takes 1 to 79 mantissa bits (as configure_fp64_emulation checks).
 MANTISSA_BITS = range(1, 80)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 
-from fastmace.md.defaults import DEFAULT_BLOCK_STEPS, DEFAULT_SKIN_A
 from fastmace.planner.availability import Availabilities
 from fastmace.planner.config import EngineConfig
 from fastmace.planner.plan import (
@@ -30,23 +29,21 @@ from fastmace.planner.plan import (
 )
 from fastmace.planner.workload import Workload
 from fastmace.runtime import environment
+from fastmace.vocabulary import (
+    CPU_BACKEND,
+    CUDA_BACKEND_ORDER,
+    DEFAULT_BLOCK_STEPS,
+    DEFAULT_SKIN_A,
+    NEIGHBOUR_HEADROOM,
+)
 
-# Fastest first, on CUDA, as measured (docs/validation/performance.md): inside FastMACE's
-# captured step plain cuEquivariance beat the hybrid backend at every size measured.
-CUDA_ORDER = ("cueq", "hybrid", "e3nn")
 CUDA_BACKEND_REASON = (
     "measured: the fastest available of cueq > hybrid > e3nn (H200, CUDA graphs: cuEq 8-32 % "
     "faster than hybrid for MP-0 medium at 216-32,768 atoms and MH-1 at 216 and 1,728)"
 )
-# fastmace.md.neighbours.DEFAULT_HEADROOM (that module imports torch; test_planner compares).
-DEFAULT_HEADROOM = 1.25
 LARGE_ATOMS = 10_000  # above this many atoms in all, K is shorter (as benchmarks/md_speed.py)
 LARGE_BLOCK_STEPS = 20
 EXPANDABLE_SEGMENTS_SINCE = (2, 14)  # docs/environment.md: the allocator rule
-# The values configure_allocator and configure_fp64_emulation set (test_planner applies a plan
-# through them and compares).
-EXPANDABLE_SEGMENTS = "expandable_segments:True"
-FP64_EMULATION_VALUES = dict(zip(environment.FP64_EMULATION, ("1", "eager"), strict=True))
 
 COMPILE_REASON = (
     "measured: off; compiling cuEq and hybrid models failed in Dynamo on the GPU (torch 2.11), "
@@ -140,9 +137,9 @@ def _backend(config: EngineConfig, found: Availabilities, device: str) -> Decisi
             FORCED,
         )
     if device == "cpu":
-        return Decision("backend", "e3nn", CPU_BACKEND_REASON, MEASURED)
+        return Decision("backend", CPU_BACKEND, CPU_BACKEND_REASON, MEASURED)
     skipped = []
-    for name in CUDA_ORDER:
+    for name in CUDA_BACKEND_ORDER:
         status = found.backend(name, device)
         if status.available:
             if not skipped:
@@ -242,8 +239,8 @@ def _headroom(config: EngineConfig) -> Decision:
         return Decision("headroom", config.headroom, _forced("headroom", config.headroom), FORCED)
     return Decision(
         "headroom",
-        DEFAULT_HEADROOM,
-        f"rule: buffers hold {DEFAULT_HEADROOM:g}x what the first build needs",
+        NEIGHBOUR_HEADROOM,
+        f"rule: buffers hold {NEIGHBOUR_HEADROOM:g}x what the first build needs",
     )
 
 
@@ -342,12 +339,12 @@ def _environment(
             _set_unless_user(
                 found,
                 environment.PYTORCH_CUDA_ALLOC_CONF.name,
-                EXPANDABLE_SEGMENTS,
+                environment.EXPANDABLE_SEGMENTS,
                 "expandable segments on",
             )
         )
     if fp64_emulation:
-        for name, value in FP64_EMULATION_VALUES.items():
+        for name, value in environment.FP64_EMULATION_VALUES.items():
             settings.append(
                 _set_unless_user(found, name, value, "float64 plan with fp64 emulation")
             )
@@ -383,9 +380,9 @@ def _fallbacks(
     A forced setting gets none: the user's choice is never swapped behind their back.
     """
     fallbacks: list[Fallback] = []
-    if config.backend is None and device == "cuda" and backend in CUDA_ORDER:
+    if config.backend is None and device == "cuda" and backend in CUDA_BACKEND_ORDER:
         failed = backend
-        for name in CUDA_ORDER[CUDA_ORDER.index(backend) + 1 :]:
+        for name in CUDA_BACKEND_ORDER[CUDA_BACKEND_ORDER.index(backend) + 1 :]:
             if found.backend(name, device).available:
                 reason = f"fallback: {failed} failed, {name} is the next fastest available"
                 fallbacks.append(Fallback("backend", name, reason))

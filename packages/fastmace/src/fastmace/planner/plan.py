@@ -18,6 +18,14 @@ from fastmace.planner.availability import Availabilities
 from fastmace.planner.config import EngineConfig
 from fastmace.planner.workload import Workload
 from fastmace.runtime import environment
+from fastmace.vocabulary import (
+    BACKENDS,
+    CPU_BACKEND,
+    DEFAULT_BLOCK_STEPS,
+    DEFAULT_SKIN_A,
+    DTYPES,
+    NEIGHBOUR_HEADROOM,
+)
 
 # Where a decision comes from.
 FORCED = "forced"  # EngineConfig: the user's forced setting
@@ -67,6 +75,51 @@ class Fallback:
     name: str
     value: Any
     reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """What the engine runs with: the one carrier of engine settings, from the plan to
+    ``fm.load``, :class:`~fastmace.simulation.Simulation` and the neighbour list.
+
+    :meth:`Plan.engine_settings` makes it from the plan's decisions; the defaults are for
+    runs made by hand (tests, benchmarks), and match the planner's CPU rules.
+    """
+
+    device: str = "cpu"
+    backend: str = CPU_BACKEND
+    dtype: str | None = None
+    """The model's dtype (None: the checkpoint's)."""
+    block_steps: int = DEFAULT_BLOCK_STEPS
+    """K: MD steps per launch (shortened so that every output interval is whole blocks)."""
+    skin_A: float = DEFAULT_SKIN_A
+    edge_capacity: int | None = None
+    """The neighbour list's edges at the start (None: the first build's need x headroom)."""
+    headroom: float = NEIGHBOUR_HEADROOM
+    graphs: bool | None = None
+    """CUDA graphs, one per block (None: on where the state is on a CUDA device)."""
+    compile: bool = False
+    """Run the model through torch.compile."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: use one of {', '.join(BACKENDS)}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}: use one of {', '.join(DTYPES)} or None")
+        if isinstance(self.block_steps, bool) or not (
+            isinstance(self.block_steps, int) and self.block_steps >= 1
+        ):
+            raise ValueError(f"block_steps must be a whole number >= 1, got {self.block_steps!r}")
+        if not self.skin_A > 0:
+            raise ValueError(f"the neighbour-list skin must be positive (Å), got {self.skin_A}")
+        if self.edge_capacity is not None and not self.edge_capacity >= 1:
+            raise ValueError(f"edge_capacity must be >= 1 or None, got {self.edge_capacity}")
+        if not self.headroom >= 1:
+            raise ValueError(f"headroom must be >= 1, got {self.headroom}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field: JSON-serialisable."""
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -153,17 +206,19 @@ class Plan:
         """Each variable the plan concerns and its value once the plan is applied."""
         return {setting.name: setting.value for setting in self.environment}
 
-    def engine_settings(self) -> dict[str, Any]:
-        """The decisions under the names fm.load and RunSettings take them."""
-        return {
-            "backend": self.backend,
-            "device": self.device,
-            "dtype": self.dtype,
-            "block_steps": self.block_steps,
-            "skin_A": self.skin_A,
-            "capture": self.graphs,
-            "compile": self.compile,
-        }
+    def engine_settings(self) -> EngineSettings:
+        """The decisions the engine runs with, for fm.load, Simulation and the neighbour list."""
+        return EngineSettings(
+            device=self.device,
+            backend=self.backend,
+            dtype=self.dtype,
+            block_steps=self.block_steps,
+            skin_A=self.skin_A,
+            edge_capacity=self.edge_capacity,
+            headroom=self.headroom,
+            graphs=self.graphs,
+            compile=self.compile,
+        )
 
     # -- alternatives ------------------------------------------------------------------------
 

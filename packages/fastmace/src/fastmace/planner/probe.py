@@ -28,7 +28,7 @@ def probe_availabilities(environ: Mapping[str, str] | None = None) -> Availabili
     import torch
 
     from fastmace.models import backends
-    from fastmace.oeq import choice, runtime
+    from fastmace.oeq import choice, host_extension
 
     env = os.environ if environ is None else environ
     gpu = bool(torch.cuda.is_available())
@@ -43,10 +43,10 @@ def probe_availabilities(environ: Mapping[str, str] | None = None) -> Availabili
             if cuda
             else f"torch {torch.__version__} is a CPU-only build"
         )
-    loaded = runtime.record()
+    loaded = host_extension.record()
     if loaded is not None and loaded.loaded:
         oeq, oeq_reason = "loaded", loaded.summary()
-    elif loaded is not None and loaded.how in (runtime.UNAVAILABLE, runtime.FAILED):
+    elif loaded is not None and loaded.how in (host_extension.UNAVAILABLE, host_extension.FAILED):
         oeq, oeq_reason = loaded.how, loaded.reason
     else:
         found = choice.choose_host_extension(env)

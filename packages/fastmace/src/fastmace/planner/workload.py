@@ -12,33 +12,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# The ensembles of fastmace.md.ensembles (that module imports torch, so the names live here too;
-# test_planner checks that both tables agree).
-ENSEMBLES = ("nve", "nvt-langevin", "nvt-csvr", "nvt-nose-hoover", "npt")
-ALIASES = {
-    "nvt": "nvt-langevin", "langevin": "nvt-langevin", "csvr": "nvt-csvr", "bussi": "nvt-csvr",
-    "nose-hoover": "nvt-nose-hoover", "nhc": "nvt-nose-hoover",
-}  # fmt: skip
-_NEEDS_TEMPERATURE = frozenset(ENSEMBLES) - {"nve"}
-_TAKES_PRESSURE = frozenset({"npt"})
+from fastmace.vocabulary import (
+    DTYPES,
+    MAX_TIMESTEP_FS,
+    canonical_ensemble,
+    needs_temperature,
+    takes_pressure,
+)
 
 PRECISIONS = ("auto", "float32", "float64")
 DEVICES = ("auto", "cuda", "cpu")
-MODEL_DTYPES = ("float32", "float64")
-MAX_TIMESTEP_FS = 10.0  # the integrators refuse longer steps
 
 Periodicity = tuple[bool, bool, bool]
-
-
-def canonical_ensemble(name: str) -> str:
-    """The canonical ensemble name for ``name`` or one of its aliases; ValueError if unknown."""
-    if not isinstance(name, str):
-        raise ValueError(f"ensemble must be a name, got {name!r}")
-    canonical = ALIASES.get(name.lower(), name.lower())
-    if canonical not in ENSEMBLES:
-        choices = ", ".join([*ENSEMBLES, *ALIASES])
-        raise ValueError(f"unknown ensemble {name!r}; choose one of: {choices}")
-    return canonical
 
 
 def _whole(value: Any) -> bool:
@@ -131,7 +116,7 @@ class Workload:
             raise ValueError(f"reproducible={self.reproducible!r} is not allowed: use True/False")
         _choice("precision", self.precision, PRECISIONS)
         _choice("device", self.device, DEVICES)
-        _choice("model_dtype", self.model_dtype, MODEL_DTYPES)
+        _choice("model_dtype", self.model_dtype, DTYPES)
 
     def _check_conditions(self, temperatures: tuple[Any, ...]) -> None:
         n = len(self.atoms_per_system)
@@ -142,14 +127,14 @@ class Workload:
                 f"temperatures_K={temperatures!r} is not allowed: give one positive temperature "
                 f"(K) for all systems or one per system ({n})"
             )
-        if self.ensemble in _NEEDS_TEMPERATURE and not temperatures:
+        if needs_temperature(self.ensemble) and not temperatures:
             raise ValueError(f"the {self.ensemble} ensemble needs a temperature (temperatures_K)")
         if self.pressure_GPa is not None:
-            if self.ensemble not in _TAKES_PRESSURE:
+            if not takes_pressure(self.ensemble):
                 raise ValueError(f"the {self.ensemble} ensemble takes no pressure (pressure_GPa)")
             if not _number(self.pressure_GPa):
                 raise ValueError(f"pressure_GPa={self.pressure_GPa!r} is not a number")
-        if self.ensemble in _TAKES_PRESSURE and not all(all(p) for p in self.periodicity):
+        if takes_pressure(self.ensemble) and not all(all(p) for p in self.periodicity):
             raise ValueError(
                 "the npt ensemble needs every system periodic in x, y and z; "
                 f"periodic={self.periodic!r}"

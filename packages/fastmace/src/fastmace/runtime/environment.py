@@ -12,7 +12,8 @@ import getpass
 import os
 import re
 import tempfile
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +71,13 @@ COMPILE_CACHE_FLAGS = (
     "ENABLE_AOT_AUTOGRAD_CACHE",
     "TORCHINDUCTOR_AUTOGRAD_CACHE",
 )
-FP64_EMULATION = ("CUBLAS_EMULATE_DOUBLE_PRECISION", "CUBLAS_EMULATION_STRATEGY")
+# What a plan sets: written once here, read by the planner to report and by configure_* to set.
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+FP64_EMULATION_VALUES = {
+    "CUBLAS_EMULATE_DOUBLE_PRECISION": "1",
+    "CUBLAS_EMULATION_STRATEGY": "eager",
+}
+FP64_EMULATION = tuple(FP64_EMULATION_VALUES)
 FP64_EMULATION_BITS = "CUBLAS_FIXEDPOINT_EMULATION_MANTISSA_BIT_COUNT"
 REPRODUCIBLE = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
@@ -256,6 +263,23 @@ def overwrite(
     _changes.append(Change(name, before, value, reason))
 
 
+@contextmanager
+def restored(
+    names: Iterable[str], environ: MutableMapping[str, str] | None = None
+) -> Iterator[None]:
+    """Put the variables ``names`` back as they were (set or unset) when the block ends."""
+    env = os.environ if environ is None else environ
+    saved = {name: env.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+
+
 def child_environment(
     extra: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -320,7 +344,7 @@ def configure_allocator(
     if expandable_segments:
         set_if_unset(
             PYTORCH_CUDA_ALLOC_CONF.name,
-            "expandable_segments:True",
+            EXPANDABLE_SEGMENTS,
             "EngineConfig.expandable_segments is on",
             env,
         )
@@ -332,8 +356,8 @@ def configure_fp64_emulation(
 ) -> dict[str, str]:
     """Let cuBLAS emulate float64 matrix products, for float64 plans with emulation on."""
     env = os.environ if environ is None else environ
-    set_if_unset(FP64_EMULATION[0], "1", "float64 plan with fp64 emulation", env)
-    set_if_unset(FP64_EMULATION[1], "eager", "float64 plan with fp64 emulation", env)
+    for name, value in FP64_EMULATION_VALUES.items():
+        set_if_unset(name, value, "float64 plan with fp64 emulation", env)
     names = list(FP64_EMULATION)
     if mantissa_bits is not None:
         if not 1 <= mantissa_bits <= 79:

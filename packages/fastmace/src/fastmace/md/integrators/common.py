@@ -7,7 +7,6 @@ atoms by indexing with ``State.system``. Nothing reads a tensor's value on the h
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -20,30 +19,9 @@ from fastmace.md.integrators.validation import (
     check_timestep,
     per_system,
 )
-from fastmace.md.state import State
+from fastmace.md.state import ComputeFn, ForceResult, State
 
-
-@dataclass
-class ForceResult:
-    """What a potential returns for a State.
-
-    Attributes:
-        energy: (S,) float64 potential energy of each system in eV.
-        forces: (N, 3) float64 forces in eV/Å, minus the gradient of the energy.
-        stress: (S, 3, 3) float64 configurational stress in eV/Å^3, or None where the caller
-            needs none (only NPT does). It is ``(1/V) dE/dε`` for a symmetric strain ``ε`` of
-            cell and positions, ASE's convention: positive under tension, so the pressure from
-            it is ``-trace/3``. It has no kinetic part; the integrators add that themselves.
-    """
-
-    energy: torch.Tensor
-    forces: torch.Tensor
-    stress: torch.Tensor | None = None
-
-
-ComputeFn = Callable[[State], ForceResult]
-"""A potential: energy, forces (and stress) at the positions and cells of a State. It must not
-modify the State; within a step it is called once, and may be captured in a CUDA graph."""
+__all__ = ["ComputeFn", "ForceResult", "MDState"]  # the first two live beside State
 
 
 @dataclass

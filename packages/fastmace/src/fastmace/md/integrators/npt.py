@@ -1,36 +1,9 @@
 """Constant pressure and temperature (NPT): stochastic cell rescaling with a CSVR thermostat.
 
-Barostat: Bernetti and Bussi, J. Chem. Phys. 153, 114107 (2020), "Pressure control using
-stochastic cell rescaling", in its Euler form (the one GROMACS uses as C-rescale). The
-logarithm of the volume follows a first-order stochastic equation,
-
-    dε = -(β/τ_p) (P_0 - P) dt + sqrt(2 kT β / (V τ_p)) dW,
-
-with β a compressibility (it sets the coupling strength, not the physics: the relaxation time
-of the volume is τ_p times β over the true compressibility), P the instantaneous pressure
-(kinetic plus virial, from the start of the step) and P_0 the target. The anisotropic
-versions follow Del Tatto, Raiteri, Bernetti and Bussi, Appl. Sci. 12, 1139 (2022), for a
-hydrostatic target: the strain increment is a symmetric tensor whose every component relaxes
-with ``β/3`` towards ``P_ab = P_0 δ_ab``, so that τ_p keeps its meaning for the volume:
-
-- ``"isotropic"``: one ε per system, all cell vectors scaled alike (shape kept);
-- ``"per_axis"``: the x, y and z Cartesian components of the cell scale independently (for
-  orthorhombic cells: the three edge lengths; angles of a tilted cell change with them);
-- ``"full"``: a symmetric 3x3 strain (volume and shape; no rotation), noise of variance
-  ``2 kT β dt / (3 V τ_p)`` on the diagonal and half that off it.
-
-Positions and cell vectors are multiplied by ``μ = exp(ε)`` (row vectors, ``x <- x μ``) and
-velocities by ``μ⁻¹``, which keeps the momenta of the scaled coordinates; the kinetic part
-of P is then the instantaneous ``Σ m v⊗v / V``. The rescaling acts after the drift, just
-before the forces are computed, so no kick uses stale forces. Every step therefore reads:
-CSVR dt/2, half kick, drift, cell rescaling, forces, half kick, CSVR dt/2 (Bernetti and Bussi
-combine the barostat with the CSVR thermostat in the same way).
-
-Exactness: in equilibrium the mean of the instantaneous pressure tensor equals the target
-(the drift averages to zero). Volume fluctuations are those of the isothermal-isobaric
-ensemble up to terms of order kT/V in the pressure (a few bar for 1000 atoms), and for
-``"full"``, up to the same order for the shear components. A non-hydrostatic target stress is
-not supported.
+Bernetti and Bussi's barostat (J. Chem. Phys. 153, 114107, 2020; anisotropic forms after Del
+Tatto et al., Appl. Sci. 12, 1139, 2022) with cell modes ``"isotropic"``, ``"per_axis"`` and
+``"full"``. A step: CSVR dt/2, half kick, drift, cell rescaling, forces, half kick, CSVR dt/2.
+The equations, the modes and what is exact: docs/design/integrators.md.
 """
 
 from __future__ import annotations

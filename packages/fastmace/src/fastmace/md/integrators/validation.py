@@ -9,19 +9,12 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from fastmace.md.state import POSITION_DTYPE, State
-
-if TYPE_CHECKING:
-    from fastmace.md.integrators.common import ForceResult
-
-MAX_TIMESTEP_FS = 10.0
-"""No MACE model of interest is stable beyond this; a larger value is almost always a unit
-mistake (ASE time units or ps instead of fs)."""
+from fastmace.md.state import POSITION_DTYPE, ForceResult, State
+from fastmace.vocabulary import MAX_TIMESTEP_FS
 
 PerSystem = float | Sequence[float] | np.ndarray | torch.Tensor
 """A parameter given once for the whole batch, or once per system."""

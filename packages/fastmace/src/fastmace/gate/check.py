@@ -2,7 +2,7 @@
 
 ``run_gate`` evaluates the loaded (converted) model through FastMACE's own potential on the
 user's structure, asks a child process for mace-torch's reference on the same structure
-(:mod:`fastmace.planner.gate_child`, scratch in ``<cache>/gate-*``, removed when it ends),
+(:mod:`fastmace.gate.child`, scratch in ``<cache>/gate-*``, removed when it ends),
 and compares: the largest and RMS error of each quantity against tolerances for the plan's
 dtype. ``fm.md(check="gate")`` and ``fastmace md --check`` use it, and fall back to the next
 backend when it fails.
@@ -63,7 +63,7 @@ class GateResult:
     atoms: int
     formula: str
     structure: str
-    """Which structure was checked: the run's own or a reduced one (planner/reduce.py)."""
+    """Which structure was checked: the run's own or a reduced one (gate/reduce.py)."""
     energy_eV: QuantityError
     forces_eV_per_A: QuantityError
     stress_eV_per_A3: QuantityError | None
@@ -136,7 +136,7 @@ def _reference_values(
         (scratch / "request.json").write_text(json.dumps(request), encoding="utf-8")
         started = time.perf_counter()
         child = subprocess.run(
-            [sys.executable, "-m", "fastmace.planner.gate_child", str(scratch / "request.json")],
+            [sys.executable, "-m", "fastmace.gate.child", str(scratch / "request.json")],
             env=child_environment(environment), capture_output=True, text=True,
             timeout=CHILD_TIMEOUT_S, check=False,
         )  # fmt: skip
@@ -169,7 +169,7 @@ def run_gate(
 
     ``environment``: extra variables for the reference child (RunnerConfig.environment).
     ``structure`` says what ``atoms`` is, for the record (default: the run's structure);
-    :func:`fastmace.planner.reduce.reduced_structure` picks it for large runs.
+    :func:`fastmace.gate.reduce.reduced_structure` picks it for large runs.
     """
     reference, seconds = _reference_values(model, atoms, environment)
     plan = _plan_values(model, atoms)

@@ -1,4 +1,4 @@
-"""The OEq runtime: loader contract, interception, stand-in CUDA home, choice, stale locks."""
+"""OEq's host extension: loader contract, interception, stand-in CUDA home, choice, stale locks."""
 
 from __future__ import annotations
 
@@ -117,8 +117,9 @@ def test_stale_lock_in_torch_extensions_dir_does_not_stall_the_import(clean_env,
     clean_env["TORCH_EXTENSIONS_DIR"] = str(user_dir)
     clean_env["FASTMACE_CACHE"] = str(tmp_path / "cache")
     code = (
-        "import json; from fastmace.models.loading import import_mace; import_mace(); "
-        "from fastmace.oeq import runtime; print(json.dumps(runtime.record().as_dict()))"
+        "import json; from fastmace.models.checkpoint import import_mace; import_mace(); "
+        "from fastmace.oeq import host_extension as oeq; "
+        "print(json.dumps(oeq.record().as_dict()))"
     )
     started = time.monotonic()
     result = run_python(code, clean_env)

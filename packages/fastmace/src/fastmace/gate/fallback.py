@@ -1,9 +1,9 @@
 """Fallback: if a plan's backend fails the gate, try the next one, recording every failure.
 
-The order is cuEq -> hybrid -> e3nn (fastest first, the planner's CUDA_ORDER); a candidate
-is only tried when it is available on the device. A run never silently uses a backend that
-failed: the failures go into the report and metadata.json, and if nothing passes,
-:class:`GateError` lists them all.
+The order is fastmace.vocabulary's CUDA_BACKEND_ORDER (fastest first: cuEq -> hybrid ->
+e3nn); a candidate is only tried when it is available on the device. A run never silently
+uses a backend that failed: the failures go into the report and metadata.json, and if
+nothing passes, :class:`GateError` lists them all.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from typing import Any
 
 import ase
 
+from fastmace.gate.check import GateError, GateResult, run_gate
 from fastmace.models.backends import availability
 from fastmace.models.load import LoadedModel, load
-from fastmace.planner.decide import CUDA_ORDER
-from fastmace.planner.gate import GateError, GateResult, run_gate
-
-BACKEND_ORDER = CUDA_ORDER
+from fastmace.vocabulary import CUDA_BACKEND_ORDER
 
 
 @dataclass
@@ -32,8 +30,8 @@ class GatedModel:
 
 
 def _later_candidates(backend: str, device: str) -> list[str]:
-    start = BACKEND_ORDER.index(backend) + 1 if backend in BACKEND_ORDER else 0
-    return [b for b in BACKEND_ORDER[start:] if availability(b, device).available]
+    start = CUDA_BACKEND_ORDER.index(backend) + 1 if backend in CUDA_BACKEND_ORDER else 0
+    return [b for b in CUDA_BACKEND_ORDER[start:] if availability(b, device).available]
 
 
 def _reload(model: LoadedModel, backend: str) -> LoadedModel:

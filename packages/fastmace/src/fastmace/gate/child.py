@@ -1,6 +1,6 @@
 """The gate's reference, run in a child process: mace-torch's e3nn model in float64.
 
-``python -m fastmace.planner.gate_child REQUEST.json`` loads the model the request names with
+``python -m fastmace.gate.child REQUEST.json`` loads the model the request names with
 ``fm.load(..., backend="e3nn", dtype="float64")``, evaluates the structure with mace-torch's
 own data pipeline (:func:`fastmace.models.reference.evaluate`) and writes energy, forces and
 stress to the request's ``output`` (``.npz``). A separate process keeps the reference apart

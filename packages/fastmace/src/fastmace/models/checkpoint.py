@@ -67,7 +67,7 @@ def import_mace() -> Any:
     FastMACE's OEq runtime prepares the process first (prebuilt library, build-once cache,
     no stale-lock waits). Its variables are set before ``contained`` and so survive it.
     """
-    from fastmace.oeq.runtime import importing_openequivariance
+    from fastmace.oeq.host_extension import importing_openequivariance
 
     with importing_openequivariance(), contained():
         import mace.modules

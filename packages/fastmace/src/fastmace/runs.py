@@ -1,0 +1,74 @@
+"""What a run is asked to do (:class:`RunSettings`) and what it did (:class:`MDResult`).
+
+Plain data, no torch: the entry points, the runner's parent process and tools read them
+without loading the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ase
+
+from fastmace.io.schedule import OutputSchedule
+
+if TYPE_CHECKING:
+    from fastmace.md.ensembles import Ensemble
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What to run: the ensemble, length, timestep, seed and output (the engine settings
+    come from the plan: :class:`fastmace.planner.EngineSettings`)."""
+
+    ensemble: Ensemble
+    steps: int
+    timestep_fs: float = 1.0
+    seed: int = 0
+    schedule: OutputSchedule = field(default_factory=OutputSchedule)
+    initial_temperature_K: float | None = None
+    """Draw Maxwell-Boltzmann velocities at this temperature (None: keep the structure's)."""
+    trajectory_format: str = "auto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
+            raise ValueError(f"steps must be a non-negative whole number, got {self.steps!r}")
+
+    def block_steps_for(self, block_steps: int) -> int:
+        """``block_steps`` (K), shortened so that every output interval is whole blocks."""
+        intervals = [v for v in dataclasses.asdict(self.schedule).values() if v > 0]
+        return math.gcd(block_steps, *intervals)
+
+
+@dataclass
+class MDResult:
+    """What a run did: final structures, last thermo rows, where the output is, how fast."""
+
+    structures: list[ase.Atoms]
+    steps: int
+    thermo: list[dict[str, Any]]
+    output: Path | None
+    timings: dict[str, float]
+    model: str
+    ensemble: str
+    report: str = ""
+    """The final report: one screen (also saved as report.txt)."""
+
+    def summary(self) -> str:
+        speed = self.timings.get("steps_per_s", float("nan"))
+        ns_day = self.timings.get("ns_per_day", float("nan"))
+        last = self.thermo[0] if self.thermo else {}
+        temperature = last.get("temperature_K")
+        text = (
+            f"{self.steps} steps of {self.ensemble} with {self.model}: {speed:.1f} steps/s, "
+            f"{ns_day:.3f} ns/day"
+        )
+        if temperature is not None:
+            text += f"; final T = {temperature:.1f} K"
+        if self.output is not None:
+            text += f"; output in {self.output}"
+        return text

@@ -1,0 +1,104 @@
+"""The names and constants every room of FastMACE shares, written once; imports nothing.
+
+The planner (torch-free) and the engine (torch) both read these tables, so they live here
+rather than in either: backends and their one order, ensembles with their aliases and
+settings, the engine's defaults and limits, and the unit conversions.
+"""
+
+from __future__ import annotations
+
+import math
+
+# -- backends ---------------------------------------------------------------------------------
+
+BACKENDS = ("e3nn", "cueq", "oeq", "hybrid")
+"""Every backend a model can be converted to (fastmace.models.backends)."""
+CUDA_BACKEND_ORDER = ("cueq", "hybrid", "e3nn")
+"""Fastest first on CUDA, as measured (docs/validation/performance.md): the order in which
+"auto" picks a backend, in fm.md's planner and in fm.load alike, and the gate's fallbacks."""
+CPU_BACKEND = "e3nn"
+"""The backend "auto" picks on the CPU (faster there than cuEquivariance's CPU fallback)."""
+DTYPES = ("float32", "float64")
+
+# -- ensembles --------------------------------------------------------------------------------
+
+ENSEMBLE_TAKES: dict[str, tuple[str, ...]] = {
+    "nve": (),
+    "nvt-langevin": ("temperature_K", "friction_per_ps"),
+    "nvt-csvr": ("temperature_K", "tau_fs"),
+    "nvt-nose-hoover": ("temperature_K", "tau_fs", "chain_length"),
+    "npt": (
+        "temperature_K", "pressure_GPa", "pressure_bar", "thermostat_tau_fs", "barostat_tau_fs",
+        "compressibility_per_GPa", "cell_mode",
+    ),
+}  # fmt: skip
+"""Each ensemble's canonical name and the settings (fm.md keyword arguments) it takes."""
+ENSEMBLES = tuple(ENSEMBLE_TAKES)
+ENSEMBLE_ALIASES = {
+    "nvt": "nvt-langevin", "langevin": "nvt-langevin", "csvr": "nvt-csvr", "bussi": "nvt-csvr",
+    "nose-hoover": "nvt-nose-hoover", "nhc": "nvt-nose-hoover",
+}  # fmt: skip
+ENSEMBLE_SETTINGS = tuple(dict.fromkeys(s for takes in ENSEMBLE_TAKES.values() for s in takes))
+"""Every ensemble setting, as keyword arguments of fm.md and keys of a run config."""
+DEFAULT_ENSEMBLE = "nvt"
+
+
+def canonical_ensemble(name: str) -> str:
+    """The canonical name of ensemble ``name`` (or an alias); ValueError if there is none."""
+    if not isinstance(name, str):
+        raise ValueError(f"ensemble must be a name, got {name!r}")
+    canonical = ENSEMBLE_ALIASES.get(name.lower(), name.lower())
+    if canonical not in ENSEMBLE_TAKES:
+        choices = ", ".join([*ENSEMBLES, *ENSEMBLE_ALIASES])
+        raise ValueError(f"unknown ensemble {name!r}; choose one of: {choices}")
+    return canonical
+
+
+def needs_temperature(ensemble: str) -> bool:
+    """Whether the canonical ``ensemble`` is thermostatted (and so needs temperature_K)."""
+    return "temperature_K" in ENSEMBLE_TAKES[ensemble]
+
+
+def takes_pressure(ensemble: str) -> bool:
+    """Whether the canonical ``ensemble`` holds a pressure (a barostat)."""
+    return "pressure_GPa" in ENSEMBLE_TAKES[ensemble]
+
+
+# -- the engine's defaults and limits -----------------------------------------------------------
+
+MAX_TIMESTEP_FS = 10.0
+"""The integrators refuse longer timesteps: no MACE model of interest is stable beyond this,
+and a larger value is almost always a unit mistake (ASE time units, or ps for fs)."""
+DEFAULT_BLOCK_STEPS = 50
+"""K: MD steps per captured launch (up to LARGE_ATOMS atoms)."""
+DEFAULT_SKIN_A = 0.5
+"""The MD engine's Verlet skin, Å."""
+CALCULATOR_SKIN_A = 0.0
+"""The ASE calculator's skin, Å: none, since each call's search is cheap next to the model,
+while a skin's extra edges (about a third more for 0.5 Å at a 5 Å cutoff) would go through
+the model on every call. A skin pays off only where the search costs more than those edges."""
+NEIGHBOUR_HEADROOM = 1.25
+"""The neighbour list's buffers hold this many times what the first build needs."""
+CUTOFF_HEADROOM = 1.1
+"""The same for the model's edges (pairs within the cutoff): tighter, since the model pays
+for every slot and their count moves far less than a whole rebuild's."""
+
+# -- units (CODATA 2014, as ase.units) -----------------------------------------------------------
+
+_BOLTZMANN_J_PER_K = 1.38064852e-23
+_ELEMENTARY_CHARGE_C = 1.6021766208e-19
+_ATOMIC_MASS_KG = 1.660539040e-27
+
+KB_EV_PER_K = _BOLTZMANN_J_PER_K / _ELEMENTARY_CHARGE_C
+"""Boltzmann's constant in eV/K: ``kT = KB_EV_PER_K * T``."""
+EV_PER_AMU_A2_PER_FS2 = 1.0 / (1e-5 * math.sqrt(_ELEMENTARY_CHARGE_C / _ATOMIC_MASS_KG)) ** 2
+"""The energy 1 amu·Å²/fs² in eV (about 103.64): kinetic energy is ``0.5 m v² *`` this, and a
+force F (eV/Å) gives the acceleration ``F / (m *`` this ``)`` in Å/fs²."""
+FS_PER_PS = 1000.0
+GPA_PER_BAR = 1e-4
+EV_PER_A3_PER_GPA = 1e-21 / _ELEMENTARY_CHARGE_C
+"""1 GPa in eV/Å^3 (about 1/160.2)."""
+EV_PER_A3_IN_GPA = 1.0 / EV_PER_A3_PER_GPA
+"""1 eV/Å^3 in GPa (about 160.2): stresses and pressures as reported."""
+EV_PER_A3_PER_BAR = GPA_PER_BAR * EV_PER_A3_PER_GPA
+"""1 bar (1e5 Pa) in eV/Å^3."""
