@@ -87,3 +87,18 @@ def test_a_forced_capacity_too_small_grows_before_the_first_step(tmp_path) -> No
     document = run(tmp_path, config=EngineConfig(edge_capacity=1))
     assert document["engine"]["edge_capacity"] > 1
     assert document["plan"]["decisions"]["edge_capacity"]["value"] == 1
+
+
+def test_a_tf32_engine_setting_reaches_the_potential() -> None:
+    # fm.md refuses TF32 on the CPU (the planner's rule); the carrier itself is tested here.
+    from fastmace.md.ensembles import ensemble
+    from fastmace.models.load import load
+    from fastmace.planner import EngineSettings
+    from fastmace.runs import RunSettings
+    from fastmace.simulation import Simulation
+
+    settings = RunSettings(ensemble=ensemble("nve"), steps=1, timestep_fs=1.0)
+    simulation = Simulation(
+        load("demo-emt-cu"), [copper()], settings, engine=EngineSettings(matmul_precision="tf32")
+    )
+    assert simulation.potential.matmul_precision == "tf32"

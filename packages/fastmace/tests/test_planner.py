@@ -448,6 +448,20 @@ IMPOSSIBLE = [
         ["CUDA only"],
     ),
     (
+        "tf32-on-cpu",
+        {},
+        EngineConfig(matmul_precision="tf32"),
+        NO_GPU,
+        ["matmul_precision='tf32'", "float32 model on a CUDA device", "cpu"],
+    ),
+    (
+        "tf32-in-a-float64-plan",
+        {"precision": "float64"},
+        EngineConfig(matmul_precision="tf32"),
+        EVERYTHING,
+        ["matmul_precision='tf32'", "float64"],
+    ),
+    (
         "precision-and-dtype-disagree",
         {"precision": "float64"},
         EngineConfig(dtype="float32"),
@@ -506,10 +520,11 @@ def test_engine_settings_carry_every_engine_decision() -> None:
     assert plan.engine_settings() == EngineSettings(
         device="cuda", backend="cueq", dtype="float32", block_steps=50, skin_A=0.5,
         edge_capacity=None, headroom=1.25, graphs=True, compile=False,
+        matmul_precision="float32",
     )  # fmt: skip
     forced = EngineConfig(
-        backend="hybrid", dtype="float64", graphs=False, compile=True, edge_capacity=999,
-        headroom=2.0, skin_A=0.25, block_steps=7,
+        backend="hybrid", dtype="float32", graphs=False, compile=True, edge_capacity=999,
+        headroom=2.0, skin_A=0.25, block_steps=7, matmul_precision="tf32",
     )  # fmt: skip
     settings = make_plan(workload(), forced, EVERYTHING).engine_settings()
     # Every engine setting an EngineConfig can force comes out, under the same name.
@@ -545,6 +560,7 @@ def test_engine_config_defaults_leave_everything_to_the_planner() -> None:
     [
         ({"backend": "cuda"}, "backend='cuda') is not allowed: use one of e3nn, cueq, oeq, hybrid"),
         ({"dtype": "float16"}, "dtype='float16'"),
+        ({"matmul_precision": "bf16"}, "matmul_precision='bf16') is not allowed: use one of"),
         ({"graphs": "yes"}, "graphs='yes'"),
         ({"compile": 1}, "compile=1"),
         ({"block_steps": 0}, "block_steps=0"),
@@ -688,3 +704,13 @@ def test_probe_describes_this_machine() -> None:
     plan = make_plan(workload(), None, found)
     if not found.gpu:
         assert (plan.device, plan.backend) == ("cpu", "e3nn")
+
+
+def test_matmul_precision_is_float32_unless_tf32_is_forced() -> None:
+    plain = make_plan(workload(), None, EVERYTHING)
+    assert plain.matmul_precision == "float32"
+    assert plain.decision("matmul_precision").source == "rule"
+    assert "matmul" not in plain.describe()
+    fast = make_plan(workload(), EngineConfig(matmul_precision="tf32"), EVERYTHING)
+    assert fast.matmul_precision == "tf32" and fast.engine_settings().matmul_precision == "tf32"
+    assert "matmul       tf32" in fast.describe()

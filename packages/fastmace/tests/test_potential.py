@@ -430,7 +430,7 @@ def test_tf32_precision_is_set_for_the_model_call_only():
     )
     before = torch.backends.cuda.matmul.fp32_precision
     _, plain = run(Potential(model, [29]), [copper_supercell()])
-    _, fast = run(Potential(model, [29], precision="tf32"), [copper_supercell()])
+    _, fast = run(Potential(model, [29], matmul_precision="tf32"), [copper_supercell()])
     assert seen == [before, "tf32"]
     assert torch.backends.cuda.matmul.fp32_precision == before
     # On the CPU the switch changes no arithmetic: the same numbers, bit for bit.
@@ -439,4 +439,4 @@ def test_tf32_precision_is_set_for_the_model_call_only():
 
 def test_an_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="float32, tf32"):
-        Potential(model_of("tiny", torch.float32), [29], precision="bf16")
+        Potential(model_of("tiny", torch.float32), [29], matmul_precision="bf16")

@@ -62,7 +62,7 @@ def _pressure_GPa(settings: dict[str, Any]) -> float | None:
 
 
 # fm.md's keywords that force an engine setting: each is the EngineConfig field of that name.
-ENGINE_KEYWORDS = ("backend", "dtype", "block_steps", "skin_A", "graphs")
+ENGINE_KEYWORDS = ("backend", "dtype", "block_steps", "skin_A", "graphs", "matmul_precision")
 
 
 def engine_config(config: EngineConfig | None, **keywords: Any) -> EngineConfig:
@@ -120,6 +120,7 @@ def md(
     block_steps: int | None = None,
     skin_A: float | None = None,
     graphs: bool | None = None,
+    matmul_precision: str | None = None,
     resume: bool = False,
     progress: TextIO | None = None,
     check: str | None = None,
@@ -144,8 +145,10 @@ def md(
 
     How it runs is planned (:mod:`fastmace.planner`): backend, dtype, graphs, block length,
     skin and the environment variables, each decision with its reason (in the report and
-    metadata.json). ``device``, ``dtype``, ``backend``, ``block_steps``, ``skin_A`` and
-    ``graphs`` (CUDA graphs) force a decision, as does ``config`` (an ``fm.EngineConfig``):
+    metadata.json). ``device``, ``dtype``, ``backend``, ``block_steps``, ``skin_A``,
+    ``graphs`` (CUDA graphs) and ``matmul_precision`` ("tf32": the model's matrix products on
+    TF32 tensor cores, faster and looser, docs/md.md) force a decision, as does ``config`` (an
+    ``fm.EngineConfig``):
     the keywords are its fields of the same name, set on it, so a setting forced both ways
     must agree.
     The plan is the one carrier of these settings to the model, the engine and the neighbour
@@ -200,7 +203,7 @@ def md(
 
     config = engine_config(
         config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,
-        graphs=graphs,
+        graphs=graphs, matmul_precision=matmul_precision,
     )  # fmt: skip
     workload = Workload.from_structures(
         structures, ensemble=chosen.name, temperature_K=chosen.settings.get("temperature_K"),
@@ -234,7 +237,7 @@ def md(
             checked = reduced_structure(structures[0], units[0])
             gated = gate_with_fallback(
                 loaded, checked.atoms, candidates=candidates, environment=runner.environment,
-                structure=checked.description,
+                structure=checked.description, matmul_precision=engine.matmul_precision,
             )  # fmt: skip
             loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
         simulation = Simulation(

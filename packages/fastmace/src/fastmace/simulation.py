@@ -91,7 +91,10 @@ class Simulation:
         if restart is not None:
             state = _state_from_restart(state, restart.payload)
         self.potential = Potential.from_loaded(
-            model, state.atomic_numbers, compile=self.engine_settings.compile
+            model,
+            state.atomic_numbers,
+            compile=self.engine_settings.compile,
+            matmul_precision=self.engine_settings.matmul_precision,
         )
         neighbours, edges = self._neighbour_list(state, restart)
         force_field = ForceField(

@@ -19,6 +19,14 @@ CUDA_BACKEND_ORDER = ("cueq", "hybrid", "e3nn")
 CPU_BACKEND = "e3nn"
 """The backend "auto" picks on the CPU (faster there than cuEquivariance's CPU fallback)."""
 DTYPES = ("float32", "float64")
+# How a float32 model's matrix products run: float32 on CUDA cores (results within float32
+# rounding), or TF32 tensor cores on CUDA (faster, looser: the gate's own tolerance below).
+MATMUL_PRECISIONS = ("float32", "tf32")
+DEFAULT_MATMUL_PRECISION = "float32"
+# The gate holds a TF32 run to this many TF32 epsilons (2^-10) of the float32 gate's scales:
+# about 2 % of the largest force (at least 0.02 eV/Å), 0.02 eV per atom.
+TF32_EPSILON = 2.0**-10
+TF32_GATE_EPSILONS = 20
 
 # -- ensembles --------------------------------------------------------------------------------
 

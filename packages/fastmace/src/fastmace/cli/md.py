@@ -20,6 +20,7 @@ from fastmace.vocabulary import (
     ENSEMBLE_ALIASES,
     ENSEMBLE_SETTINGS,
     ENSEMBLES,
+    MATMUL_PRECISIONS,
 )
 
 # Keys of a run config (TOML) besides the ensemble settings: fm.md's other arguments.
@@ -27,7 +28,7 @@ RUN_KEYS = (
     "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
     "repeat", "initial_temperature_K", "trajectory_every", "thermo_every", "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "block_steps", "skin_A",
-    "graphs", "resume", "check",
+    "graphs", "matmul_precision", "resume", "check",
 )  # fmt: skip
 # Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
 RUNNER_KEYS = ("subprocess", "environment")
@@ -70,6 +71,11 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     md.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     md.add_argument("--dtype", help="float32 or float64 (default: the model's)")
     md.add_argument("--backend", default="auto", help="auto, e3nn, cueq, oeq, hybrid")
+    md.add_argument(
+        "--matmul-precision", choices=MATMUL_PRECISIONS, dest="matmul_precision",
+        help="tf32: the model's matrix products on TF32 tensor cores (CUDA, float32 models; "
+        "faster, looser: docs/md.md)",
+    )  # fmt: skip
     md.add_argument(
         "--check", action="store_const", const="gate", dest="check",
         help="compare with mace-torch's float64 model on the structure before running",

@@ -32,6 +32,7 @@ from fastmace.models.backends import rounding_tolerances
 from fastmace.models.load import LoadedModel
 from fastmace.runtime.cache import scratch_dir
 from fastmace.runtime.environment import child_environment
+from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION, TF32_EPSILON, TF32_GATE_EPSILONS
 
 CHILD_TIMEOUT_S = 3600
 
@@ -69,6 +70,7 @@ class GateResult:
     stress_eV_per_A3: QuantityError | None
     reference: str
     child_seconds: float
+    matmul_precision: str = DEFAULT_MATMUL_PRECISION
 
     @property
     def passed(self) -> bool:
@@ -98,10 +100,14 @@ class GateResult:
         return document
 
 
-def _plan_values(model: LoadedModel, atoms: ase.Atoms) -> dict[str, np.ndarray]:
+def _plan_values(
+    model: LoadedModel, atoms: ase.Atoms, matmul_precision: str
+) -> dict[str, np.ndarray]:
     """Energy, forces and stress from FastMACE's potential: what the engine will use."""
     state = State.from_atoms(atoms, device=model.device)
-    potential = Potential.from_loaded(model, state.atomic_numbers)
+    potential = Potential.from_loaded(
+        model, state.atomic_numbers, matmul_precision=matmul_precision
+    )
     neighbours = NeighbourList(state, potential.r_max, 0.0)
     edges = neighbours.build(state)
     periodic = bool(atoms.pbc.all())
@@ -164,23 +170,36 @@ def run_gate(
     atoms: ase.Atoms,
     environment: Mapping[str, str] | None = None,
     structure: str | None = None,
+    matmul_precision: str = DEFAULT_MATMUL_PRECISION,
 ) -> GateResult:
     """Compare ``model`` (as the engine runs it) with mace-torch's float64 e3nn model.
+
+    Tolerances are 1000 epsilon of the model dtype's rounding (models/backends.py); with
+    ``matmul_precision="tf32"`` they are the TF32 mode's own: ``TF32_GATE_EPSILONS`` TF32
+    epsilons of the same scales (vocabulary.py; docs/md.md).
 
     ``environment``: extra variables for the reference child (RunnerConfig.environment).
     ``structure`` says what ``atoms`` is, for the record (default: the run's structure);
     :func:`fastmace.gate.reduce.reduced_structure` picks it for large runs.
     """
     reference, seconds = _reference_values(model, atoms, environment)
-    plan = _plan_values(model, atoms)
+    plan = _plan_values(model, atoms, matmul_precision)
     dtype = torch.float32 if model.dtype == "float32" else torch.float64
     energy_tol, force_tol = rounding_tolerances(
         dtype, float(reference["energy"]), reference["forces"], len(atoms)
     )
+    epsilons = 1000 * torch.finfo(dtype).eps
+    if matmul_precision == "tf32":
+        loosening = TF32_GATE_EPSILONS * TF32_EPSILON / epsilons
+        energy_tol, force_tol, epsilons = (
+            energy_tol * loosening,
+            force_tol * loosening,
+            epsilons * loosening,
+        )
     stress = None
     if "stress" in reference and "stress" in plan:
         scale = max(float(np.abs(reference["stress"]).max()), 1e-2)
-        stress = _error(plan["stress"], reference["stress"], 1000 * torch.finfo(dtype).eps * scale)
+        stress = _error(plan["stress"], reference["stress"], epsilons * scale)
     return GateResult(
         backend=model.backend,
         dtype=model.dtype,
@@ -193,4 +212,5 @@ def run_gate(
         stress_eV_per_A3=stress,
         reference="mace-torch e3nn float64 (child process)",
         child_seconds=seconds,
+        matmul_precision=matmul_precision,
     )

@@ -17,7 +17,7 @@ import ase
 from fastmace.gate.check import GateError, GateResult, run_gate
 from fastmace.models.backends import availability
 from fastmace.models.load import LoadedModel, load
-from fastmace.vocabulary import CUDA_BACKEND_ORDER
+from fastmace.vocabulary import CUDA_BACKEND_ORDER, DEFAULT_MATMUL_PRECISION
 
 
 @dataclass
@@ -50,18 +50,20 @@ def gate_with_fallback(
     candidates: list[str] | None = None,
     environment: Mapping[str, str] | None = None,
     structure: str | None = None,
+    matmul_precision: str = DEFAULT_MATMUL_PRECISION,
 ) -> GatedModel:
     """The first of ``candidates`` (default: ``model``'s backend, then the slower available
     ones) that passes the gate; ``model`` is the first candidate, already loaded.
     ``environment`` goes to the gate's reference child (RunnerConfig.environment);
-    ``structure`` says what ``atoms`` is (see :func:`run_gate`)."""
+    ``structure`` says what ``atoms`` is and ``matmul_precision`` how the run's matrix
+    products go (see :func:`run_gate`)."""
     failures: list[dict[str, Any]] = []
     if candidates is None:
         candidates = [model.backend, *_later_candidates(model.backend, model.device)]
     for backend in candidates:
         try:
             current = model if backend == model.backend else _reload(model, backend)
-            result = run_gate(current, atoms, environment, structure)
+            result = run_gate(current, atoms, environment, structure, matmul_precision)
         except Exception as error:  # a candidate that cannot even be built or checked
             failures.append({"backend": backend, "reason": f"{type(error).__name__}: {error}"})
             continue

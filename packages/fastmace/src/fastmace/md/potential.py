@@ -47,13 +47,13 @@ from fastmace.md.state import State
 from fastmace.models.backends import rounding_tolerances
 from fastmace.models.checkpoint import default_dtype, model_device, model_dtype
 from fastmace.models.reference import check_structure
+from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS
 
 if TYPE_CHECKING:
     from fastmace.models.load import LoadedModel
 
 ENERGY_DTYPE = torch.float64  # energies are summed and forces returned in float64
 SUPPORTED_MODEL_TYPES = ("MACE", "ScaleShiftMACE")
-PRECISIONS = ("float32", "tf32")  # how a float32 model's GEMMs run (see Potential)
 _MAX_ATOMIC_NUMBER = 118
 
 
@@ -102,7 +102,7 @@ class Potential(torch.nn.Module):
         compile: run the model's forward through ``torch.compile`` (Inductor; fixed shapes, so
             one compilation per list capacity). Compilation happens at the first call, and
             its caches live in the cache root (docs/environment.md).
-        precision: "float32" (default): the model's float32 GEMMs run in float32, and results
+        matmul_precision: "float32" (default): the model's GEMMs run in float32, and results
             are within float32 rounding of the float64 reference; "tf32": on CUDA, its GEMMs
             (the radial MLPs and linear layers) run on TF32 tensor cores, faster and with
             looser numbers (docs/md.md states the tolerance the gate holds them to). Only the
@@ -116,15 +116,16 @@ class Potential(torch.nn.Module):
         head: str | None = None,
         *,
         compile: bool = False,
-        precision: str = "float32",
+        matmul_precision: str = DEFAULT_MATMUL_PRECISION,
     ) -> None:
         super().__init__()
         _check_model(model)
-        if precision not in PRECISIONS:
+        if matmul_precision not in MATMUL_PRECISIONS:
             raise ValueError(
-                f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}"
+                f"unknown matmul_precision {matmul_precision!r}; choose one of "
+                f"{', '.join(MATMUL_PRECISIONS)}"
             )
-        self.precision = precision
+        self.matmul_precision = matmul_precision
         self.model = model
         self.compiled = bool(compile)
         # A plain function, not a submodule: the model is registered once, as ``model``.
@@ -149,10 +150,16 @@ class Potential(torch.nn.Module):
         species: Iterable[int] | torch.Tensor,
         *,
         compile: bool = False,
-        precision: str = "float32",
+        matmul_precision: str = DEFAULT_MATMUL_PRECISION,
     ) -> Potential:
         """The potential of an ``fm.load`` result: its converted module and its head."""
-        return cls(loaded.module, species, head=loaded.head, compile=compile, precision=precision)
+        return cls(
+            loaded.module,
+            species,
+            head=loaded.head,
+            compile=compile,
+            matmul_precision=matmul_precision,
+        )
 
     def check_species(self, species: Iterable[int] | torch.Tensor) -> None:
         """Raise UnsupportedSpeciesError unless the model knows every element of ``species``.
@@ -187,7 +194,10 @@ class Potential(torch.nn.Module):
         settings = _compile_settings() if self.compiled else contextlib.nullcontext()
         with torch.enable_grad(), settings:
             graph = self._graph(state, edges, compute_stress)
-            with default_dtype(self.node_attr_table.dtype), _matmul_precision(self.precision):
+            with (
+                default_dtype(self.node_attr_table.dtype),
+                _matmul_precision(self.matmul_precision),
+            ):
                 call = self._compiled_call or self.model
                 output = call(graph.data, training=False, compute_force=False)
             node_energy = output["node_energy"][: state.n_atoms].to(ENERGY_DTYPE)

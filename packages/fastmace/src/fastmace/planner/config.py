@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from fastmace.vocabulary import BACKENDS, DTYPES
+from fastmace.vocabulary import BACKENDS, DTYPES, MATMUL_PRECISIONS
 
 # cuBLAS's fixed-point emulation takes 1 to 79 mantissa bits (as configure_fp64_emulation checks).
 MANTISSA_BITS = range(1, 80)
@@ -27,6 +27,10 @@ class EngineConfig:
     """"e3nn", "cueq", "oeq" or "hybrid" ("auto" means None)."""
     dtype: str | None = None
     """The model's dtype: "float32" or "float64" ("auto" means None)."""
+    matmul_precision: str | None = None
+    """How a float32 model's matrix products run: "float32" (the default: results within
+    float32 rounding of the reference) or "tf32" (CUDA tensor cores: faster, looser; the gate
+    holds it to its own tolerance, docs/md.md)."""
     graphs: bool | None = None
     """Capture each block of K steps as a CUDA graph."""
     compile: bool | None = None
@@ -52,6 +56,7 @@ class EngineConfig:
                 object.__setattr__(self, name, None)
         _one_of("backend", self.backend, BACKENDS)
         _one_of("dtype", self.dtype, DTYPES)
+        _one_of("matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)
         for name in _SWITCHES:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):

@@ -33,6 +33,7 @@ from fastmace.vocabulary import (
     CPU_BACKEND,
     CUDA_BACKEND_ORDER,
     DEFAULT_BLOCK_STEPS,
+    DEFAULT_MATMUL_PRECISION,
     DEFAULT_SKIN_A,
     NEIGHBOUR_HEADROOM,
 )
@@ -69,12 +70,14 @@ def make_plan(
     backend = _backend(config, availability, device.value)
     dtype = _dtype(workload, config, device.value)
     graphs = _graphs(config, device.value)
+    matmul = _matmul_precision(config, device.value, dtype.value)
     emulation = _fp64_emulation(config, device.value, dtype.value)
     segments = _expandable_segments(config, availability, device.value)
     decisions = (
         device,
         backend,
         dtype,
+        matmul,
         graphs,
         _compile(config),
         _block_steps(workload, config),
@@ -174,6 +177,26 @@ def _dtype(workload: Workload, config: EngineConfig, device: str) -> Decision:
         f"rule: the model's own dtype on the CPU ({workload.model_dtype}), as fm.load does",
         RULE,
     )
+
+
+def _matmul_precision(config: EngineConfig, device: str, dtype: str) -> Decision:
+    forced = config.matmul_precision
+    if forced is None or forced == DEFAULT_MATMUL_PRECISION:
+        reason = (
+            _forced("matmul_precision", forced)
+            if forced
+            else "rule: matrix products in the model's dtype, within its rounding of the "
+            "float64 reference (TF32 only when forced: EngineConfig(matmul_precision='tf32'))"
+        )
+        return Decision(
+            "matmul_precision", DEFAULT_MATMUL_PRECISION, reason, FORCED if forced else RULE
+        )
+    if device != "cuda" or dtype != "float32":
+        raise PlanError(
+            f"EngineConfig(matmul_precision={forced!r}) needs a float32 model on a CUDA device, "
+            f"but the plan runs {dtype} on the {device}; leave matmul_precision=None"
+        )
+    return Decision("matmul_precision", forced, _forced("matmul_precision", forced), FORCED)
 
 
 def _graphs(config: EngineConfig, device: str) -> Decision:

@@ -22,8 +22,10 @@ from fastmace.vocabulary import (
     BACKENDS,
     CPU_BACKEND,
     DEFAULT_BLOCK_STEPS,
+    DEFAULT_MATMUL_PRECISION,
     DEFAULT_SKIN_A,
     DTYPES,
+    MATMUL_PRECISIONS,
     NEIGHBOUR_HEADROOM,
 )
 
@@ -100,10 +102,17 @@ class EngineSettings:
     """CUDA graphs, one per block (None: on where the state is on a CUDA device)."""
     compile: bool = False
     """Run the model through torch.compile."""
+    matmul_precision: str = DEFAULT_MATMUL_PRECISION
+    """How the model's matrix products run: "float32" or "tf32" (tensor cores, CUDA)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}: use one of {', '.join(BACKENDS)}")
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(
+                f"matmul_precision={self.matmul_precision!r}: use one of "
+                f"{', '.join(MATMUL_PRECISIONS)}"
+            )
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: use one of {', '.join(DTYPES)} or None")
         if isinstance(self.block_steps, bool) or not (
@@ -171,6 +180,10 @@ class Plan:
         return self.value("compile")
 
     @property
+    def matmul_precision(self) -> str:
+        return self.value("matmul_precision")
+
+    @property
     def block_steps(self) -> int:
         return self.value("block_steps")
 
@@ -218,6 +231,7 @@ class Plan:
             headroom=self.headroom,
             graphs=self.graphs,
             compile=self.compile,
+            matmul_precision=self.matmul_precision,
         )
 
     # -- alternatives ------------------------------------------------------------------------
@@ -270,6 +284,8 @@ class Plan:
 
         for name in ("device", "backend", "dtype"):
             line(name, d(name).value, d(name).reason)
+        if self.matmul_precision != DEFAULT_MATMUL_PRECISION:
+            line("matmul", self.matmul_precision, d("matmul_precision").reason)
         if self.fp64_emulation:
             bits = self.fp64_emulation_mantissa_bits
             mantissa = "cuBLAS's default mantissa" if bits is None else f"{bits} mantissa bits"
