@@ -9,6 +9,8 @@ max(|stress|, 0.01 eV/Å³)): the same arithmetic in another order.
 from __future__ import annotations
 
 import copy
+import inspect
+import re
 
 import numpy as np
 import pytest
@@ -17,9 +19,11 @@ from ase.build import bulk
 
 from fastmace.md.potential import Potential
 from fastmace.md.species_linear import (
+    ELEMENT_SKIP_TP_BLOCKS,
     SpecialisationError,
     SpeciesLinear,
     check_species_linear,
+    copy_species_linears,
     specialise_for_species,
     species_linear,
 )
@@ -218,10 +222,40 @@ def test_each_interaction_block_kind(interaction, replaced):
     assert_same_evaluation(evaluate(specialised, atoms), evaluate(model, atoms), len(atoms))
 
 
+def test_the_block_list_is_mace_torchs_blocks_that_pass_node_attrs_to_skip_tp():
+    # Fails when a mace-torch release adds, removes or changes such a block: update the list.
+    modules = import_mace()
+    calls = re.compile(r"self\.skip_tp\(\s*\w+\s*,\s*node_attrs\s*\)")
+    found = {
+        name
+        for name, kind in modules.interaction_classes.items()
+        if calls.search(inspect.getsource(kind.forward))
+    }
+    assert found == set(ELEMENT_SKIP_TP_BLOCKS)
+
+
+def test_a_model_rebuilt_from_its_configuration_gets_the_replaced_modules_back():
+    # What torch.compile's path does with an e3nn model (md/potential.py, _compiled).
+    import_mace()
+    from mace.tools.scripts_utils import extract_model
+
+    specialised = specialise_for_species(model_of("tiny"), RUN_SPECIES)
+    with default_dtype(torch.float64):
+        rebuilt = extract_model(specialised)
+    # mace's rebuild has its own skip_tp there, at initial weights: not the model's.
+    assert not any(isinstance(module, SpeciesLinear) for module in rebuilt.modules())
+    rebuilt = copy_species_linears(specialised, rebuilt)
+    assert rebuilt.state_dict().keys() == specialised.state_dict().keys()
+    atoms = check_structure(RUN_SPECIES, seed=7)
+    assert_same_evaluation(evaluate(rebuilt, atoms), evaluate(specialised, atoms), len(atoms))
+
+
 def test_unknown_elements_and_a_second_specialisation_are_refused():
     model = model_of("tiny")
     with pytest.raises(SpecialisationError, match=r"\[26\] are not among the model's elements"):
         specialise_for_species(model, [29, 26])
+    with pytest.raises(SpecialisationError, match="no elements given"):
+        specialise_for_species(model, [])
     copper_only = specialise_for_species(model, [29])
     # Again for a subset is fine; for another element the maps are not there.
     assert skip_tps(specialise_for_species(copper_only, [29]))[0].columns == (3,)

@@ -20,7 +20,7 @@ from fastmace.models.loading import import_mace
 # mace-torch 0.3.16's interaction blocks that call ``self.skip_tp(features, node_attrs)``; the
 # others (RealAgnosticResidualNonLinearInteractionBlock: a Linear of the features alone) are
 # left as they are.
-_BLOCKS_WITH_ELEMENT_SKIP_TP = (
+ELEMENT_SKIP_TP_BLOCKS = (
     "RealAgnosticInteractionBlock",
     "RealAgnosticResidualInteractionBlock",
     "RealAgnosticDensityInteractionBlock",
@@ -91,6 +91,8 @@ def specialise_for_species(model: torch.nn.Module, species: Iterable[int]) -> to
     model_species = [int(z) for z in model.atomic_numbers]
     wanted = sorted({int(z) for z in species})
     unknown = [z for z in wanted if z not in model_species]
+    if not wanted:
+        raise SpecialisationError("no elements given: a model for no atoms has nothing to keep")
     if unknown:
         raise SpecialisationError(
             f"atomic numbers {unknown} are not among the model's elements {model_species}"
@@ -162,8 +164,9 @@ def check_species_linear(
     if not error <= tolerance:
         raise SpecialisationError(
             f"{name}: the per-element maps differ from the tensor product by {error:.3g} "
-            f"(tolerance {tolerance:.3g}, {dtype}); the module is not bilinear in the "
-            "features and one-hot node attributes as expected"
+            f"(tolerance {tolerance:.3g}, {dtype}): the module is not the bilinear map of "
+            "features and one-hot attributes this replacement assumes, or matrix products "
+            "ran in reduced precision (TF32: torch.backends.cuda.matmul.allow_tf32)"
         )
 
 
@@ -184,7 +187,7 @@ def _has_element_skip_tp(block: torch.nn.Module) -> bool:
     import_mace()
     from mace.modules import blocks
 
-    kinds = tuple(getattr(blocks, kind) for kind in _BLOCKS_WITH_ELEMENT_SKIP_TP)
+    kinds = tuple(getattr(blocks, kind) for kind in ELEMENT_SKIP_TP_BLOCKS)
     # The exact class: a subclass may call its skip_tp differently.
     return type(block) in kinds and hasattr(block, "skip_tp")
 
