@@ -14,6 +14,7 @@ import torch._inductor.codecache
 
 from fastmace.io import OutputSchedule
 from fastmace.md.ensembles import ensemble
+from fastmace.md.species_linear import SpeciesLinear
 from fastmace.models.load import load
 from fastmace.planner import EngineSettings
 from fastmace.runtime import environment
@@ -53,8 +54,11 @@ def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
     np.testing.assert_allclose(
         compiled.result.structures[0].positions, eager.result.structures[0].positions, atol=1e-10
     )
-    # The caller's model is left as it was (compilation works on a rebuilt copy).
-    assert compiled.potential.model is model.module
+    # The caller's model is left as it was (the potential runs a specialised copy, and
+    # compilation works on a rebuilt copy of that, with its replaced skip_tp carried over).
+    assert compiled.potential.model is not model.module
+    assert not any(isinstance(m, SpeciesLinear) for m in model.module.modules())
+    assert any(isinstance(m, SpeciesLinear) for m in compiled.potential.model.modules())
     # Inductor's caches went to the cache root, as docs/environment.md says.
     assert (tmp_path / "cache" / "inductor").is_dir()
     assert os.environ[environment.TORCHINDUCTOR_CACHE_DIR.name] == str(

@@ -43,6 +43,7 @@ from fastmace.md.edges import (
     systems_of,
     systems_of_atoms,
 )
+from fastmace.md.species_linear import copy_species_linears, specialise_for_species
 from fastmace.md.state import State
 from fastmace.models.backends import rounding_tolerances
 from fastmace.models.checkpoint import default_dtype, model_device, model_dtype
@@ -97,7 +98,9 @@ class Potential(torch.nn.Module):
 
     Args:
         model: a mace-torch ``MACE`` or ``ScaleShiftMACE`` on any backend, device and dtype.
-        species: the atomic numbers the run will use; every one must be in the model.
+        species: the atomic numbers the run will use; every one must be in the model. The
+            potential runs a copy of the model specialised to them (md/species_linear.py),
+            which gives NaN for atoms of other elements; ``model`` itself is not changed.
         head: the head's name; may be left out for a model with one head.
         compile: run the model's forward through ``torch.compile`` (Inductor; fixed shapes, so
             one compilation per list capacity). Compilation happens at the first call, and
@@ -126,15 +129,16 @@ class Potential(torch.nn.Module):
                 f"{', '.join(MATMUL_PRECISIONS)}"
             )
         self.matmul_precision = matmul_precision
-        self.model = model
-        self.compiled = bool(compile)
-        # A plain function, not a submodule: the model is registered once, as ``model``.
-        self._compiled_call = _compiled(model) if self.compiled else None
         self.model_species = tuple(int(z) for z in model.atomic_numbers)
         self.species = _species_tuple(species)
         self.check_species(self.species)
         heads = tuple(getattr(model, "heads", None) or ("Default",))
         self.head = _resolve_head(head, heads)
+        # A copy for the run's elements and the padding node's (the model's first element).
+        self.model = specialise_for_species(model, (*self.species, self.model_species[0]))
+        self.compiled = bool(compile)
+        # A plain function, not a submodule: the model is registered once, as ``model``.
+        self._compiled_call = _compiled(self.model) if self.compiled else None
         self.r_max = float(model.r_max)
         dtype, device = model_dtype(model), model_device(model)
         self.register_buffer("head_index", torch.tensor(heads.index(self.head), device=device))
@@ -332,6 +336,15 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
             # Rebuilt under the model's dtype: e3nn keeps some constants outside its buffers.
             with default_dtype(model_dtype(model)):
                 traceable = extract_model(model, map_location=str(model_device(model)))
+            # The rebuild loads weights leniently: put FastMACE's replaced modules back, and
+            # refuse a rebuild that left any other weight at its random initial value.
+            traceable = copy_species_linears(model, traceable)
+            lost = set(model.state_dict()) ^ set(traceable.state_dict())
+            if lost:
+                raise ModelCompileError(
+                    "rebuilding the model for torch.compile did not keep its weights (names "
+                    f"that differ: {sorted(lost)}); run without EngineConfig(compile=True)"
+                )
         traceable = simplify(traceable)
     traceable.requires_grad_(False)
     # Fixed shapes per list capacity: dynamic=False compiles exactly those; a regrown list
