@@ -118,6 +118,8 @@ LABELS: dict[tuple[str, str], str] = {
     ("fastmace", "hybrid-compile"): "FastMACE hybrid + torch.compile",
     ("fastmace", "cueq-compile"): "FastMACE cuEq + torch.compile",
     ("fastmace", "cueq-nograph"): "FastMACE cuEq, capture=False",
+    ("fastmace", "cueq-tf32"): "FastMACE cuEq, TF32 matmuls",
+    ("fastmace", "hybrid-tf32"): "FastMACE hybrid, TF32 matmuls",
     ("fastmace", "e3nn"): "FastMACE e3nn",
     ("fastmace", "e3nn-nograph"): "FastMACE e3nn, capture=False",
     ("ase", "cueq"): "MACECalculator + ASE, cuEq",
@@ -127,16 +129,19 @@ LABELS: dict[tuple[str, str], str] = {
     ("ase", "cueq-compile"): "MACECalculator + ASE, cuEq + torch.compile",
     ("ase", "e3nn-compile"): "MACECalculator + ASE, e3nn + torch.compile",
 }
-# FastMACE variant -> (backend, capture, compile); capture None = CUDA graphs on CUDA devices.
-FASTMACE_VARIANTS: dict[str, tuple[str, bool | None, bool]] = {
-    "hybrid": ("hybrid", None, False),
-    "cueq": ("cueq", None, False),
-    "hybrid-nograph": ("hybrid", False, False),
-    "cueq-nograph": ("cueq", False, False),
-    "hybrid-compile": ("hybrid", None, True),
-    "cueq-compile": ("cueq", None, True),
-    "e3nn": ("e3nn", None, False),
-    "e3nn-nograph": ("e3nn", False, False),
+# FastMACE variant -> (backend, capture, compile, matmul precision); capture None = CUDA graphs
+# on CUDA devices.
+FASTMACE_VARIANTS: dict[str, tuple[str, bool | None, bool, str]] = {
+    "hybrid": ("hybrid", None, False, "float32"),
+    "cueq": ("cueq", None, False, "float32"),
+    "cueq-tf32": ("cueq", None, False, "tf32"),
+    "hybrid-tf32": ("hybrid", None, False, "tf32"),
+    "hybrid-nograph": ("hybrid", False, False, "float32"),
+    "cueq-nograph": ("cueq", False, False, "float32"),
+    "hybrid-compile": ("hybrid", None, True, "float32"),
+    "cueq-compile": ("cueq", None, True, "float32"),
+    "e3nn": ("e3nn", None, False, "float32"),
+    "e3nn-nograph": ("e3nn", False, False, "float32"),
 }
 # MACECalculator variant -> its keyword arguments.
 ASE_VARIANTS: dict[str, dict[str, Any]] = {
@@ -190,7 +195,8 @@ def full_plan() -> list[Case]:
     1. the main comparison at 1728 and 216 atoms of MP-0 medium: FastMACE hybrid and cuEq,
        MACECalculator cuEq and hybrid;
     2. the same for MH-1 at 216 and 1728 atoms;
-    3. the large sizes of MP-0 medium (13824, 32768) in the four main variants;
+    3. the large sizes of MP-0 medium (13824, 32768) in the four main variants, then FastMACE
+       cuEq with TF32 matmuls (EngineConfig(matmul_precision="tf32")) at every size;
     4. torch.compile at 1728 and 216 atoms of MP-0 medium: FastMACE hybrid + compile and
        MACECalculator cuEq + compile;
     5. what the graphs bring (capture=False) at 1728 and 216 atoms;
@@ -204,6 +210,7 @@ def full_plan() -> list[Case]:
     large = [("mp0-medium", 13824), ("mp0-medium", 32768)]
     cases = [Case(m, n, p, v) for m, n in small for p, v in main]
     cases += [Case(m, n, p, v) for m, n in large for p, v in main]
+    cases += [Case(m, n, "fastmace", "cueq-tf32") for m, n in small + large]
     compiled = (
         ("fastmace", "cueq-compile"),
         ("fastmace", "hybrid-compile"),
@@ -571,7 +578,7 @@ class Bench:
         return a + b * case.atoms + (0.0 if capture else EAGER_EXTRA_MS)
 
     def run_fastmace(self, case: Case) -> dict[str, Any]:
-        backend, capture_setting, compile_model = FASTMACE_VARIANTS[case.variant]
+        backend, capture_setting, compile_model, matmul = FASTMACE_VARIANTS[case.variant]
         loaded, load_s = self.fastmace_model(case.model, backend)
         capture = self.cuda if capture_setting is None else capture_setting
         block = self.args.block_steps
@@ -595,7 +602,7 @@ class Bench:
         )
         engine = EngineSettings(
             device=loaded.device, backend=loaded.backend, block_steps=block,
-            graphs=capture_setting, compile=compile_model,
+            graphs=capture_setting, compile=compile_model, matmul_precision=matmul,
         )  # fmt: skip
         simulation = Simulation(
             loaded, [nacl(case.atoms)], settings, output=None, engine=engine,
@@ -647,6 +654,7 @@ class Bench:
             "search_every": simulation.engine.force_field.search_every,
             "search_halvings": simulation.engine.search_halvings,
             "compiled": compile_model,
+            "matmul_precision": matmul,
             "edge_capacity": simulation.neighbours.capacity,
             "model_edge_capacity": simulation.neighbours.cutoff_capacity,
             "final_temperature_K": thermo.get("temperature_K"),
