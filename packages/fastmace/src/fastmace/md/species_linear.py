@@ -98,8 +98,16 @@ def specialise_for_species(model: torch.nn.Module, species: Iterable[int]) -> to
             f"atomic numbers {unknown} are not among the model's elements {model_species}"
         )
     columns = [model_species.index(z) for z in wanted]
-    specialised = copy.deepcopy(model)
-    for index, block in enumerate(getattr(specialised, "interactions", ())):
+    # New containers along the path to each replaced module, every other module shared with
+    # ``model``: no deep copy (cuEquivariance's naive modules and OpenEquivariance's
+    # convolution do not survive one on CUDA) and no second copy of the weights.
+    specialised = _shallow_module_copy(model)
+    interactions = getattr(model, "interactions", None)
+    if interactions is None:
+        return specialised
+    blocks = _shallow_module_copy(interactions)
+    specialised.interactions = blocks
+    for index, block in enumerate(interactions):
         if not _has_element_skip_tp(block):
             continue
         name = f"interactions.{index}.skip_tp"
@@ -107,8 +115,18 @@ def specialise_for_species(model: torch.nn.Module, species: Iterable[int]) -> to
         replacement = species_linear(original, columns, len(model_species), name)
         replacement.train(original.training)
         check_species_linear(original, replacement, name)
-        block.skip_tp = replacement
+        changed = _shallow_module_copy(block)
+        changed.skip_tp = replacement
+        blocks[index] = changed
     return specialised
+
+
+def _shallow_module_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A new module object with its own table of submodules; the submodules, parameters and
+    buffers themselves are shared with ``module``."""
+    twin = copy.copy(module)
+    twin._modules = type(module._modules)(module._modules)
+    return twin
 
 
 def species_linear(
