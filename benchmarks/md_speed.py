@@ -93,8 +93,8 @@ from ase import units
 from ase.md.langevin import Langevin
 from ase.md.velocitydistribution import Stationary
 
+from fastmace.dynamics.ensembles import ensemble
 from fastmace.io import OutputSchedule
-from fastmace.md.ensembles import ensemble
 from fastmace.models.checkpoint import contained, import_mace
 from fastmace.models.load import LoadedModel, load
 from fastmace.models.templates import template
@@ -504,7 +504,7 @@ class Bench:
     def force_error(self, name: str, simulation: Simulation) -> dict[str, float]:
         """Forces of the run's potential at its first state against mace-torch's float64 e3nn
         model on the same atoms and edges: largest and RMS error, and the RMS force."""
-        from fastmace.md.potential import Potential
+        from fastmace.dynamics.potential import Potential
 
         key = (name, "e3nn-float64")
         if key not in self.loaded:

@@ -34,8 +34,8 @@ from typing import Any
 import ase.build
 import torch
 
+from fastmace.dynamics.ensembles import ensemble
 from fastmace.io import OutputSchedule
-from fastmace.md.ensembles import ensemble
 from fastmace.models.load import load
 from fastmace.planner import EngineSettings
 from fastmace.simulation import RunSettings, Simulation
@@ -156,7 +156,7 @@ def component_split(simulation: Simulation) -> dict[str, float]:
     model_edges = neighbours.cutoff_edges(state, edges)
     stress = force_field.stress
     step = simulation.engine.step_fn
-    from fastmace.md.engine import generators_of
+    from fastmace.dynamics.engine import generators_of
 
     generators = tuple(generators_of(md))
     work = {
@@ -227,7 +227,7 @@ def compile_probe(simulation: Simulation) -> str:
     """Call the model once through torch.compile (Potential(compile=True)); the error if any."""
     import traceback
 
-    from fastmace.md.potential import Potential
+    from fastmace.dynamics.potential import Potential
 
     force_field = simulation.engine.force_field
     state = simulation.engine.md.state

@@ -23,7 +23,7 @@ from ase.stress import voigt_6_to_full_3x3_stress
 
 import fastmace as fm
 from fastmace.ase import FastMACECalculator, calculator
-from fastmace.md.checks import StructureError
+from fastmace.dynamics.checks import StructureError
 from fastmace.models.load import LoadedModel
 from fastmace.models.reference import check_structure, evaluate
 

@@ -12,9 +12,9 @@ import ase.build
 import numpy as np
 import torch._inductor.codecache
 
+from fastmace.dynamics.ensembles import ensemble
+from fastmace.dynamics.species_linear import SpeciesLinear
 from fastmace.io import OutputSchedule
-from fastmace.md.ensembles import ensemble
-from fastmace.md.species_linear import SpeciesLinear
 from fastmace.models.load import load
 from fastmace.planner import EngineSettings
 from fastmace.runtime import environment

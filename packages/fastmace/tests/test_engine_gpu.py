@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastmace.md.ensembles import ensemble
-from fastmace.md.neighbours import NeighbourList
+from fastmace.dynamics.ensembles import ensemble
+from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.models.load import load
 from fastmace.planner import EngineSettings
 from fastmace.simulation import RunSettings, Simulation

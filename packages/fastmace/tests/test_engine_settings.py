@@ -91,7 +91,7 @@ def test_a_forced_capacity_too_small_grows_before_the_first_step(tmp_path) -> No
 
 def test_a_tf32_engine_setting_reaches_the_potential() -> None:
     # fm.md refuses TF32 on the CPU (the planner's rule); the carrier itself is tested here.
-    from fastmace.md.ensembles import ensemble
+    from fastmace.dynamics.ensembles import ensemble
     from fastmace.models.load import load
     from fastmace.planner import EngineSettings
     from fastmace.runs import RunSettings

@@ -17,7 +17,7 @@ import pytest
 import torch
 from ase.build import bulk
 
-from fastmace.md.integrators import (
+from fastmace.dynamics.integrators import (
     ForceResult,
     csvr_init,
     csvr_step,
@@ -32,9 +32,9 @@ from fastmace.md.integrators import (
     nve_step,
     units,
 )
-from fastmace.md.integrators.csvr import resample_kinetic_energy
-from fastmace.md.integrators.npt import cell_strain, deform
-from fastmace.md.state import State
+from fastmace.dynamics.integrators.csvr import resample_kinetic_energy
+from fastmace.dynamics.integrators.npt import cell_strain, deform
+from fastmace.dynamics.state import State
 
 # A cutoff below half the 2x2x2 cell keeps only nearest neighbours, which weakens cohesion; a
 # deeper well than argon's (0.0104 eV) keeps the crystal solid to about 70 K.

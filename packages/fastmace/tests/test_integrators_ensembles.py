@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_integrators import LennardJones, batch, crystal, one_thread, run  # noqa: F401
 
-from fastmace.md.integrators import (
+from fastmace.dynamics.integrators import (
     csvr_init,
     csvr_step,
     langevin_init,
@@ -24,7 +24,7 @@ from fastmace.md.integrators import (
     npt_init,
     npt_step,
 )
-from fastmace.md.integrators.common import cell_volume
+from fastmace.dynamics.integrators.common import cell_volume
 
 N_SYSTEMS = 32  # 32 atoms each: N_f = 93, so K/<K> has a relative spread of sqrt(2/93) = 15%
 TEMPERATURES_K = [20.0] * (N_SYSTEMS // 2) + [40.0] * (N_SYSTEMS // 2)  # melting is near 70 K

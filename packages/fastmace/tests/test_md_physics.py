@@ -15,13 +15,13 @@ import ase.build
 import numpy as np
 import pytest
 
+from fastmace.dynamics.engine import ForceField
+from fastmace.dynamics.ensembles import ensemble
+from fastmace.dynamics.integrators import nve_init, nve_step
+from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.state import State
 from fastmace.io import OutputSchedule
-from fastmace.md.engine import ForceField
-from fastmace.md.ensembles import ensemble
-from fastmace.md.integrators import nve_init, nve_step
-from fastmace.md.neighbours import NeighbourList
-from fastmace.md.potential import Potential
-from fastmace.md.state import State
 from fastmace.models.load import load
 from fastmace.simulation import RunSettings, Simulation
 
@@ -68,7 +68,7 @@ def test_nve_retraces_its_steps_when_velocities_are_reversed(demo):
     potential = Potential.from_loaded(demo, state.atomic_numbers)
     neighbours = NeighbourList(state, potential.r_max, 0.5)
     force_field = ForceField(potential, neighbours, neighbours.build(state), stress=False)
-    from fastmace.md.integrators import maxwell_boltzmann_velocities
+    from fastmace.dynamics.integrators import maxwell_boltzmann_velocities
 
     start = maxwell_boltzmann_velocities(state, 300.0, 5)
     md = nve_init(start, force_field, timestep_fs=2.0)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import fastmace as fm
+from fastmace.dynamics.checks import StructureError
+from fastmace.dynamics.engine import SimulationError
+from fastmace.dynamics.ensembles import EnsembleError, ensemble
 from fastmace.io import OutputSchedule, RunDirectoryError, read_trajectory
-from fastmace.md.checks import StructureError
-from fastmace.md.engine import SimulationError
-from fastmace.md.ensembles import EnsembleError, ensemble
 from fastmace.models.load import load
 from fastmace.planner import EngineSettings
 from fastmace.simulation import RunSettings, Simulation
@@ -82,7 +82,7 @@ def test_neighbour_list_overflow_is_recovered(demo):
     reference = Simulation(demo, [copper()], settings(10)).run()
     small = Simulation(demo, [copper()], settings(10))
     # A list far too small for the structure: the first forces and every block must notice.
-    from fastmace.md.neighbours import NeighbourList
+    from fastmace.dynamics.neighbours import NeighbourList
 
     state = small.engine.md.state
     tiny = NeighbourList(state, small.potential.r_max, 0.5, 8)

@@ -10,9 +10,9 @@ from ase import Atoms
 from ase.neighborlist import neighbor_list
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fastmace.md.edges import Edges
-from fastmace.md.neighbours import NeighbourList
-from fastmace.md.state import State
+from fastmace.dynamics.edges import Edges
+from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.dynamics.state import State
 
 CUTOFF = 3.0
 SKIN = 0.5

@@ -654,7 +654,7 @@ PURE = (
     " EngineConfig(), found)\n"
     "plan.describe(); json.dumps(plan.to_dict())\n"
     "heavy = ('torch', 'mace', 'e3nn', 'cuequivariance_torch', 'openequivariance',\n"
-    "         'fastmace.md', 'fastmace.models', 'fastmace.gate', 'fastmace.oeq')\n"
+    "         'fastmace.dynamics', 'fastmace.models', 'fastmace.gate', 'fastmace.oeq')\n"
     "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
 )
 

@@ -21,8 +21,8 @@ from ase.cluster import Icosahedron
 from ase.neighborlist import neighbor_list
 
 import fastmace as fm
-from fastmace.md.edges import Edges
-from fastmace.md.potential import (
+from fastmace.dynamics.edges import Edges
+from fastmace.dynamics.potential import (
     Potential,
     PotentialCheckError,
     PotentialOutput,
@@ -31,7 +31,7 @@ from fastmace.md.potential import (
     check_potential,
     pad_edges,
 )
-from fastmace.md.state import State
+from fastmace.dynamics.state import State
 from fastmace.models import backends
 from fastmace.models.checkpoint import contained, import_mace
 from fastmace.models.reference import evaluate

@@ -9,9 +9,9 @@ import jsonschema
 import numpy as np
 import pytest
 
+from fastmace.dynamics.engine import SimulationError
+from fastmace.dynamics.ensembles import ensemble
 from fastmace.io import OutputSchedule
-from fastmace.md.engine import SimulationError
-from fastmace.md.ensembles import ensemble
 from fastmace.models.label_table import find_checkpoint
 from fastmace.models.load import load
 from fastmace.provenance import SCHEMA, structure_hash

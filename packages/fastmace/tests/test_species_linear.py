@@ -17,8 +17,8 @@ import pytest
 import torch
 from ase.build import bulk
 
-from fastmace.md.potential import Potential
-from fastmace.md.species_linear import (
+from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.species_linear import (
     ELEMENT_SKIP_TP_BLOCKS,
     SpecialisationError,
     SpeciesLinear,
@@ -280,8 +280,8 @@ def test_the_potential_runs_a_specialised_copy(backend):
 
 
 def test_the_potential_gives_mace_torchs_result_for_a_cu_o_structure():
-    from fastmace.md.neighbours import NeighbourList
-    from fastmace.md.state import State
+    from fastmace.dynamics.neighbours import NeighbourList
+    from fastmace.dynamics.state import State
 
     model = model_of("mp0-small", "cueq")
     atoms = check_structure((8, 29), seed=6)

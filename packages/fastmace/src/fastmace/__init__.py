@@ -19,6 +19,7 @@ _LAZY = {
     "load": ("fastmace.models.load", "load"),
     "LoadedModel": ("fastmace.models.load", "LoadedModel"),
     "MDResult": ("fastmace.runs", "MDResult"),
+    "md": ("fastmace.api", "md"),
     "calculator": ("fastmace.ase", "calculator"),
     "Workload": ("fastmace.planner", "Workload"),
     "EngineConfig": ("fastmace.planner", "EngineConfig"),
@@ -30,8 +31,6 @@ _LAZY = {
 def __getattr__(name: str) -> object:
     from importlib import import_module
 
-    if name == "md":  # the package fastmace.md, callable: fm.md(...) runs fastmace.api.md
-        return import_module("fastmace.md")
     if name in _LAZY:
         module, attribute = _LAZY[name]
         return getattr(import_module(module), attribute)

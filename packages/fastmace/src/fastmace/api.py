@@ -187,8 +187,8 @@ def md(
         raise TypeError(f"runner must be an fm.RunnerConfig or None, got {runner!r}")
     if runner.subprocess and not _in_child_process:
         return run_in_subprocess(arguments, read_structures(structure), runner, progress)
+    from fastmace.dynamics.ensembles import ensemble as make_ensemble
     from fastmace.io import OutputSchedule
-    from fastmace.md.ensembles import ensemble as make_ensemble
     from fastmace.models.load import load
     from fastmace.simulation import RunSettings, Simulation
 

@@ -1,13 +1,13 @@
 """``fm.calculator(model)``: the MD engine's potential as an ASE calculator.
 
 :class:`FastMACECalculator` evaluates exactly what the MD engine evaluates: the converted model
-of ``fm.load`` wrapped in :class:`~fastmace.md.potential.Potential`, on edges from FastMACE's
-own :class:`~fastmace.md.neighbours.NeighbourList`. It gives energy (= free energy), forces
+of ``fm.load`` wrapped in :class:`~fastmace.dynamics.potential.Potential`, on edges from FastMACE's
+own :class:`~fastmace.dynamics.neighbours.NeighbourList`. It gives energy (= free energy), forces
 and, for fully periodic cells, stress; per-atom energies are not available, because the
 potential sums them on the device and does not return them.
 
 Each call checks the structure (elements, overlapping atoms, NaN positions) and converts it
-to a one-system :class:`~fastmace.md.state.State`. The neighbour list is planned once and
+to a one-system :class:`~fastmace.dynamics.state.State`. The neighbour list is planned once and
 kept while the atoms (their number and elements) and the periodicity stay the same: a later
 call only runs the list's ``update`` (a search into the existing buffers, no re-planning),
 and with a skin none at all while no atom has moved more than half the skin. If the list
@@ -30,12 +30,12 @@ import torch
 from ase.calculators.calculator import Calculator, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
-from fastmace.md.checks import check_structures
-from fastmace.md.edges import Edges
-from fastmace.md.neighbours import NeighbourList
-from fastmace.md.overflow import overflowed, regrow
-from fastmace.md.potential import Potential
-from fastmace.md.state import State
+from fastmace.dynamics.checks import check_structures
+from fastmace.dynamics.edges import Edges
+from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.dynamics.overflow import overflowed, regrow
+from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.state import State
 from fastmace.models.load import LoadedModel, load
 from fastmace.vocabulary import CALCULATOR_SKIN_A
 

@@ -17,7 +17,7 @@ import ase
 from fastmace.io.schedule import OutputSchedule
 
 if TYPE_CHECKING:
-    from fastmace.md.ensembles import Ensemble
+    from fastmace.dynamics.ensembles import Ensemble
 
 
 @dataclass(frozen=True)

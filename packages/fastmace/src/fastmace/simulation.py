@@ -18,15 +18,15 @@ from typing import Any, TextIO
 import ase
 import torch
 
+from fastmace.dynamics.checks import check_structures
+from fastmace.dynamics.engine import Engine, ForceField, generators_of, tensors_of
+from fastmace.dynamics.integrators import maxwell_boltzmann_velocities
+from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.dynamics.overflow import overflowed, regrow
+from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.state import State
+from fastmace.dynamics.thermo import thermo_rows
 from fastmace.io import Progress, RunDirectory, RunOutput
-from fastmace.md.checks import check_structures
-from fastmace.md.engine import Engine, ForceField, generators_of, tensors_of
-from fastmace.md.integrators import maxwell_boltzmann_velocities
-from fastmace.md.neighbours import NeighbourList
-from fastmace.md.overflow import overflowed, regrow
-from fastmace.md.potential import Potential
-from fastmace.md.state import State
-from fastmace.md.thermo import thermo_rows
 from fastmace.models.load import LoadedModel
 from fastmace.planner import EngineSettings, Plan
 from fastmace.runs import MDResult, RunSettings

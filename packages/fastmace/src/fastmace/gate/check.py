@@ -25,9 +25,9 @@ import ase.io
 import numpy as np
 import torch
 
-from fastmace.md.neighbours import NeighbourList
-from fastmace.md.potential import Potential
-from fastmace.md.state import State
+from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.state import State
 from fastmace.models.backends import rounding_tolerances
 from fastmace.models.load import LoadedModel
 from fastmace.runtime.cache import scratch_dir

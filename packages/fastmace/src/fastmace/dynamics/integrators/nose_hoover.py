@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fastmace.md.integrators.common import (
+from fastmace.dynamics.integrators.common import (
     ComputeFn,
     MDState,
     drift,
@@ -36,15 +36,15 @@ from fastmace.md.integrators.common import (
     remove_com_momentum,
     with_velocities,
 )
-from fastmace.md.integrators.units import KB_EV_PER_K
-from fastmace.md.integrators.validation import (
+from fastmace.dynamics.integrators.units import KB_EV_PER_K
+from fastmace.dynamics.integrators.validation import (
     PerSystem,
     check_positive_int,
     check_thermostatted,
     check_timestep,
     per_system,
 )
-from fastmace.md.state import State
+from fastmace.dynamics.state import State
 
 _W3 = 1.0 / (2.0 - 2.0 ** (1.0 / 3.0))
 _W5 = 1.0 / (4.0 - 4.0 ** (1.0 / 3.0))

@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 
-from fastmace.md.integrators.common import (
+from fastmace.dynamics.integrators.common import (
     ComputeFn,
     MDState,
     cell_volume,
@@ -27,21 +27,21 @@ from fastmace.md.integrators.common import (
     remove_com_momentum,
     with_velocities,
 )
-from fastmace.md.integrators.csvr import check_can_rescale, rescale_velocities
-from fastmace.md.integrators.units import (
+from fastmace.dynamics.integrators.csvr import check_can_rescale, rescale_velocities
+from fastmace.dynamics.integrators.units import (
     EV_PER_A3_PER_BAR,
     EV_PER_A3_PER_GPA,
     KB_EV_PER_K,
     per_gpa_to_a3_per_ev,
 )
-from fastmace.md.integrators.validation import (
+from fastmace.dynamics.integrators.validation import (
     PerSystem,
     check_periodic,
     check_thermostatted,
     check_timestep,
     per_system,
 )
-from fastmace.md.state import State
+from fastmace.dynamics.state import State
 
 CellMode = Literal["isotropic", "per_axis", "full"]
 CELL_MODES: tuple[str, ...] = ("isotropic", "per_axis", "full")

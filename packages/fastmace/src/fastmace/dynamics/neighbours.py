@@ -3,7 +3,7 @@
 A `NeighbourList` is planned once for a `State` on the host (method, bin grid, stencil of
 periodic images, buffer sizes with headroom); after that `build`, `update` and `cutoff_edges`
 are device work only, with shapes fixed by the plan. More pairs or a fuller bin than planned set
-``edges.overflow``: nothing is silently truncated (`fastmace.md.overflow.regrow` grows the
+``edges.overflow``: nothing is silently truncated (`fastmace.dynamics.overflow.regrow` grows the
 list). The method, the skin test, measurements and the libraries evaluated:
 docs/design/neighbour-list.md.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fastmace.md.edges import Edges, edge_vectors, per_system_matmul, systems_of_atoms
-from fastmace.md.state import POSITION_DTYPE, State
+from fastmace.dynamics.edges import Edges, edge_vectors, per_system_matmul, systems_of_atoms
+from fastmace.dynamics.state import POSITION_DTYPE, State
 from fastmace.vocabulary import CUTOFF_HEADROOM, NEIGHBOUR_HEADROOM
 
 METHODS = ("auto", "dense", "binned")

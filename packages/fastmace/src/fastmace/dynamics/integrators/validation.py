@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from fastmace.md.state import POSITION_DTYPE, ForceResult, State
+from fastmace.dynamics.state import POSITION_DTYPE, ForceResult, State
 from fastmace.vocabulary import MAX_TIMESTEP_FS
 
 PerSystem = float | Sequence[float] | np.ndarray | torch.Tensor

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastmace.md.state import State
+from fastmace.dynamics.state import State
 
 
 @dataclass

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from fastmace.md.edges import Edges
-from fastmace.md.integrators import MDState
-from fastmace.md.integrators.common import cell_volume, kinetic_tensor
-from fastmace.md.potential import Potential
+from fastmace.dynamics.edges import Edges
+from fastmace.dynamics.integrators import MDState
+from fastmace.dynamics.integrators.common import cell_volume, kinetic_tensor
+from fastmace.dynamics.potential import Potential
 from fastmace.vocabulary import EV_PER_A3_IN_GPA
 
 

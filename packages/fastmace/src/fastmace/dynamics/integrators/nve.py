@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fastmace.md.integrators.common import (
+from fastmace.dynamics.integrators.common import (
     ComputeFn,
     MDState,
     drift,
@@ -19,7 +19,7 @@ from fastmace.md.integrators.common import (
     initial_md_state,
     with_velocities,
 )
-from fastmace.md.state import State
+from fastmace.dynamics.state import State
 
 
 @dataclass

@@ -26,12 +26,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fastmace.md.edges import Edges
-from fastmace.md.integrators import ComputeFn, ForceResult, MDState
-from fastmace.md.neighbours import NeighbourList
-from fastmace.md.overflow import regrow
-from fastmace.md.potential import Potential
-from fastmace.md.state import State
+from fastmace.dynamics.edges import Edges
+from fastmace.dynamics.integrators import ComputeFn, ForceResult, MDState
+from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.dynamics.overflow import regrow
+from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.state import State
 
 StepFn = Callable[[MDState, ComputeFn], MDState]
 

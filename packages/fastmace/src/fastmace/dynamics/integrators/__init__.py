@@ -7,7 +7,7 @@ target may be given per system. The conventions (centre of mass, degrees of free
 numbers, monitoring): docs/design/integrators.md.
 """
 
-from fastmace.md.integrators.common import (
+from fastmace.dynamics.integrators.common import (
     ComputeFn,
     ForceResult,
     MDState,
@@ -16,16 +16,16 @@ from fastmace.md.integrators.common import (
     maxwell_boltzmann_velocities,
     remove_com_momentum,
 )
-from fastmace.md.integrators.csvr import CSVRState, csvr_init, csvr_step
-from fastmace.md.integrators.langevin import LangevinState, langevin_init, langevin_step
-from fastmace.md.integrators.nose_hoover import (
+from fastmace.dynamics.integrators.csvr import CSVRState, csvr_init, csvr_step
+from fastmace.dynamics.integrators.langevin import LangevinState, langevin_init, langevin_step
+from fastmace.dynamics.integrators.nose_hoover import (
     NoseHooverChainState,
     nose_hoover_chain_init,
     nose_hoover_chain_step,
 )
-from fastmace.md.integrators.npt import CELL_MODES, NPTState, npt_init, npt_step
-from fastmace.md.integrators.nve import NVEState, nve_init, nve_step
-from fastmace.md.integrators.validation import MAX_TIMESTEP_FS
+from fastmace.dynamics.integrators.npt import CELL_MODES, NPTState, npt_init, npt_step
+from fastmace.dynamics.integrators.nve import NVEState, nve_init, nve_step
+from fastmace.dynamics.integrators.validation import MAX_TIMESTEP_FS
 
 __all__ = [
     "CELL_MODES",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fastmace.md.integrators.common import (
+from fastmace.dynamics.integrators.common import (
     ComputeFn,
     HeatBathState,
     drift,
@@ -30,9 +30,9 @@ from fastmace.md.integrators.common import (
     remove_com_momentum,
     with_velocities,
 )
-from fastmace.md.integrators.units import EV_PER_AMU_A2_PER_FS2, FS_PER_PS, KB_EV_PER_K
-from fastmace.md.integrators.validation import PerSystem, check_thermostatted, per_system
-from fastmace.md.state import State
+from fastmace.dynamics.integrators.units import EV_PER_AMU_A2_PER_FS2, FS_PER_PS, KB_EV_PER_K
+from fastmace.dynamics.integrators.validation import PerSystem, check_thermostatted, per_system
+from fastmace.dynamics.state import State
 
 
 @dataclass

@@ -11,15 +11,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fastmace.md.integrators.units import EV_PER_AMU_A2_PER_FS2, KB_EV_PER_K
-from fastmace.md.integrators.validation import (
+from fastmace.dynamics.integrators.units import EV_PER_AMU_A2_PER_FS2, KB_EV_PER_K
+from fastmace.dynamics.integrators.validation import (
     PerSystem,
     check_force_result,
     check_state,
     check_timestep,
     per_system,
 )
-from fastmace.md.state import ComputeFn, ForceResult, State
+from fastmace.dynamics.state import ComputeFn, ForceResult, State
 
 __all__ = ["ComputeFn", "ForceResult", "MDState"]  # the first two live beside State
 

@@ -7,9 +7,9 @@ host, so it runs between blocks, never inside a captured one.
 
 from __future__ import annotations
 
-from fastmace.md.edges import Edges
-from fastmace.md.neighbours import NeighbourList
-from fastmace.md.state import State
+from fastmace.dynamics.edges import Edges
+from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.dynamics.state import State
 
 
 def overflowed(edges: Edges) -> bool:

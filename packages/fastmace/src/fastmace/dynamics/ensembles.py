@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastmace.md import integrators
-from fastmace.md.integrators import ComputeFn, MDState
-from fastmace.md.state import State
+from fastmace.dynamics import integrators
+from fastmace.dynamics.integrators import ComputeFn, MDState
+from fastmace.dynamics.state import State
 from fastmace.vocabulary import (
     ENSEMBLE_TAKES,
     ENSEMBLES,

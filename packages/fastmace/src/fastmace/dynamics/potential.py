@@ -36,15 +36,15 @@ import ase
 import numpy as np
 import torch
 
-from fastmace.md.edges import (
+from fastmace.dynamics.edges import (
     Edges,
     edge_vectors,
     per_system_matmul,
     systems_of,
     systems_of_atoms,
 )
-from fastmace.md.species_linear import copy_species_linears, specialise_for_species
-from fastmace.md.state import State
+from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
+from fastmace.dynamics.state import State
 from fastmace.models.backends import rounding_tolerances
 from fastmace.models.checkpoint import default_dtype, model_device, model_dtype
 from fastmace.models.reference import check_structure
@@ -99,7 +99,7 @@ class Potential(torch.nn.Module):
     Args:
         model: a mace-torch ``MACE`` or ``ScaleShiftMACE`` on any backend, device and dtype.
         species: the atomic numbers the run will use; every one must be in the model. The
-            potential runs a copy of the model specialised to them (md/species_linear.py),
+            potential runs a copy of the model specialised to them (dynamics/species_linear.py),
             which gives NaN for atoms of other elements; ``model`` itself is not changed.
         head: the head's name; may be left out for a model with one head.
         compile: run the model's forward through ``torch.compile`` (Inductor; fixed shapes, so
