@@ -199,7 +199,8 @@ def md(
         has_velocities = any(abs(atoms.get_velocities()).max() > 0 for atoms in structures)
         if not has_velocities:
             initial_temperature_K = ensemble_settings.get("temperature_K")
-    from fastmace.planner import Workload, make_plan, probe_availabilities
+    from fastmace.machine import probe_availabilities
+    from fastmace.planner import Workload, make_plan
 
     config = engine_config(
         config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,

@@ -1,9 +1,11 @@
 """The planner: Workload + EngineConfig + Availabilities -> Plan, every decision with its reason.
 
-Importing this package imports no torch: :func:`probe_availabilities` (which does) is loaded on
-first use. Typical use::
+Importing this package imports no torch, and nothing of ``dynamics`` or ``models``: what a
+machine offers comes in as plain data, from :func:`fastmace.machine.probe_availabilities` or
+written by hand. Typical use::
 
-    from fastmace.planner import EngineConfig, Workload, make_plan, probe_availabilities
+    from fastmace.machine import probe_availabilities
+    from fastmace.planner import EngineConfig, Workload, make_plan
 
     plan = make_plan(Workload.from_structures(atoms, temperature_K=300), EngineConfig(),
                      probe_availabilities())
@@ -11,8 +13,6 @@ first use. Typical use::
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from fastmace.planner.availability import Availabilities, BackendStatus
 from fastmace.planner.config import EngineConfig
@@ -27,15 +27,6 @@ from fastmace.planner.plan import (
 )
 from fastmace.planner.workload import Workload
 
-
-def __getattr__(name: str) -> Any:
-    if name == "probe_availabilities":  # imports torch: only when asked for
-        from fastmace.planner.probe import probe_availabilities
-
-        return probe_availabilities
-    raise AttributeError(f"module 'fastmace.planner' has no attribute {name!r}")
-
-
 __all__ = [
     "Availabilities",
     "BackendStatus",
@@ -48,5 +39,4 @@ __all__ = [
     "PlanError",
     "Workload",
     "make_plan",
-    "probe_availabilities",
 ]

@@ -1,6 +1,6 @@
 """``Availabilities``: what this machine offers the planner, as plain data.
 
-:func:`fastmace.planner.probe.probe_availabilities` fills it in (that function imports torch);
+:func:`fastmace.machine.probe_availabilities` fills it in (that function imports torch);
 the planner only reads it, so plans can be made, and tested, for machines one does not have.
 """
 

@@ -62,7 +62,7 @@ def make_plan(
     """The Plan for ``workload`` on the machine ``availability`` describes.
 
     ``config`` forces settings (None: nothing forced). ``availability`` comes from
-    :func:`fastmace.planner.probe_availabilities`, or is written by hand for another machine.
+    :func:`fastmace.machine.probe_availabilities`, or is written by hand for another machine.
     Raises PlanError when a forced or asked setting is impossible here, naming the reason.
     """
     config = EngineConfig() if config is None else config

@@ -1,8 +1,8 @@
-"""``probe_availabilities``: look at this machine and describe it as plain Availabilities.
+"""``probe_availabilities``: look at this machine and describe it as the planner's Availabilities.
 
-This is the planner's only contact with the world: it imports torch (to ask for a GPU) and
+The bridge from the world to the planner's plain data: it imports torch (to ask for a GPU) and
 asks fastmace.models.backends and fastmace.oeq what can run here, without loading a kernel or
-building anything. Keep it apart from the decisions, which stay importable without torch.
+building anything. It lives outside ``planner/``, which imports neither torch nor models.
 """
 
 from __future__ import annotations
