@@ -57,6 +57,21 @@ class ModelFile:
         return replace(self, content=b"")
 
 
+def check_trust_options(sha256: object, trusted: object) -> None:
+    """ValueError/TypeError unless ``sha256`` is None or 64 hex digits and ``trusted`` a bool."""
+    if sha256 is not None and not (
+        isinstance(sha256, str)
+        and len(sha256) == 64
+        and all(c in "0123456789abcdefABCDEF" for c in sha256)
+    ):
+        raise ValueError(
+            f"sha256={sha256!r} is not a SHA-256: give the file's 64 hex digits "
+            "(`sha256sum FILE` prints them)"
+        )
+    if not isinstance(trusted, bool):
+        raise TypeError(f"trusted={trusted!r} must be True or False")
+
+
 def sha256_of(path: Path) -> str:
     """The SHA-256 of a checkpoint file; ModelFileError when it cannot be read."""
     try:

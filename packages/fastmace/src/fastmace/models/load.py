@@ -18,7 +18,13 @@ from fastmace.models.checkpoint import (
     load_checkpoint,
     model_dtype,
 )
-from fastmace.models.files import ModelFile, locate_label_file, locate_url, verify
+from fastmace.models.files import (
+    ModelFile,
+    check_trust_options,
+    locate_label_file,
+    locate_url,
+    verify,
+)
 from fastmace.models.label_table import (
     Checkpoint,
     UnknownLabelError,
@@ -145,6 +151,7 @@ def load(
     every converted model is checked against the e3nn model. ``dtype`` defaults to the
     checkpoint's. Nothing process-wide is changed (default dtype, environment, warnings).
     """
+    check_trust_options(sha256, trusted)
     want_dtype = _parse_dtype(dtype)
     _check_device(device)
     chosen, reason = choose_backend(backend, device)
