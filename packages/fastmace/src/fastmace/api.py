@@ -117,6 +117,8 @@ def md(
     dtype: str | None = None,
     backend: str | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
+    sha256: str | None = None,
+    trusted: bool = False,
     block_steps: int | None = None,
     skin_A: float | None = None,
     graphs: bool | None = None,
@@ -140,7 +142,9 @@ def md(
     ``initial_temperature_K`` (default: ``temperature_K``, for a structure without velocities).
 
     ``model`` is a label (its file must be present: ``fastmace models fetch`` downloads; this
-    function never does), ``template:NAME`` or a path. With ``output`` the run writes a run
+    function never does), ``template:NAME`` or a path. A path needs ``sha256=`` (the file's
+    SHA-256, checked before it is loaded) or ``trusted=True``, as for ``fm.load``, because
+    loading a checkpoint runs code from it. With ``output`` the run writes a run
     directory (docs/output.md), which is never overwritten; ``resume=True`` continues it.
 
     How it runs is planned (:mod:`fastmace.planner`): backend, dtype, graphs, block length,
@@ -172,6 +176,9 @@ def md(
     arguments.update(ensemble_settings)
     if check not in (None, "gate"):
         raise ValueError(f"check must be None or 'gate', got {check!r}")
+    from fastmace.models.files import check_trust_options
+
+    check_trust_options(sha256, trusted)
     if "capture" in ensemble_settings:
         raise TypeError("fm.md's capture= is now graphs=, the name EngineConfig and the plan use")
     unknown = sorted(set(ensemble_settings) - set(ENSEMBLE_SETTINGS))
@@ -227,7 +234,8 @@ def md(
         plan.apply_environment()  # before CUDA starts: allocator, emulation, determinism
         _say_if_cuda_started(plan)
         loaded = load(
-            model, head=head, checkpoint=checkpoint, download=False, backend=engine.backend,
+            model, head=head, checkpoint=checkpoint, sha256=sha256, trusted=trusted,
+            download=False, backend=engine.backend,
             device=engine.device, dtype=engine.dtype, seed=seed,
         )  # fmt: skip
         gate, fallbacks = None, []

@@ -27,8 +27,8 @@ from fastmace.vocabulary import (
 RUN_KEYS = (
     "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
     "repeat", "initial_temperature_K", "trajectory_every", "thermo_every", "restart_every",
-    "trajectory_format", "device", "dtype", "backend", "checkpoint", "block_steps", "skin_A",
-    "graphs", "matmul_precision", "resume", "check",
+    "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
+    "block_steps", "skin_A", "graphs", "matmul_precision", "resume", "check",
 )  # fmt: skip
 # Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
 RUNNER_KEYS = ("subprocess", "environment")
@@ -48,6 +48,11 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     md.add_argument("structure", help="any file ASE reads (the last frame is used)")
     md.add_argument("--model", default="demo-emt-cu", help="label, template:NAME or path")
+    md.add_argument("--sha256", metavar="HEX", help="a model path: its file's SHA-256, checked")
+    md.add_argument(
+        "--trusted", action="store_true", default=None,
+        help="a model path: load it without a SHA-256 (loading runs code from the file)",
+    )  # fmt: skip
     md.add_argument("--head", help="model head (multi-head models)")
     md.add_argument(
         "--ensemble", default=DEFAULT_ENSEMBLE, help=", ".join([*ENSEMBLES, *ENSEMBLE_ALIASES])
@@ -152,6 +157,10 @@ def read_config(path: Path) -> dict[str, Any]:
         raise ValueError(
             f"{path}: unknown key(s) {', '.join(unknown)}; the keys are: {', '.join(sorted(known))}"
         )
+    if "trusted" in config and not isinstance(config["trusted"], bool):
+        raise ValueError(f"{path}: trusted = {config['trusted']!r} must be true or false")
+    if "sha256" in config and not isinstance(config["sha256"], str):
+        raise ValueError(f"{path}: sha256 = {config['sha256']!r} must be a string of 64 hex digits")
     if "structure" not in config:
         raise ValueError(f"{path}: the key 'structure' (a structure file) is required")
     for key in ("structure", "output", "checkpoint"):

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from fastmace.models.files import ModelFile
 
 
 class NotAMaceModelError(ValueError):
@@ -143,15 +146,17 @@ def describe(model: torch.nn.Module) -> ModelDescription:
     )
 
 
-def load_checkpoint(path: Path) -> torch.nn.Module:
-    """Unpickle a checkpoint whose hash was verified (or that the user trusts), on the CPU.
+def load_checkpoint(file: ModelFile) -> torch.nn.Module:
+    """Unpickle, on the CPU, the bytes that :func:`fastmace.models.files.verify` read and
+    hashed (never the path again: the file may have changed since).
 
     Raises NotAMaceModelError when the file holds something else.
     """
+    path = file.path
     import_mace()  # the pickle refers to mace-torch's classes
     with contained():
         try:
-            loaded = torch.load(path, map_location="cpu", weights_only=False)
+            loaded = torch.load(io.BytesIO(file.content), map_location="cpu", weights_only=False)
         except Exception as error:  # pickle, zip and torch errors alike mean "not a checkpoint"
             raise NotAMaceModelError(
                 f"{path} is not a loadable PyTorch checkpoint ({type(error).__name__}: {error})"

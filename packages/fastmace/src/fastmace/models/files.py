@@ -4,7 +4,9 @@ Lookup order for a label (docs/models.md): ``checkpoint=`` path, the package's o
 demo model), ``$FASTMACE_MODELS/<file>`` (an empty file there is skipped),
 ``<cache root>/models/<file>``, and only with ``download=True`` the official URL. Downloads
 stream into a ``.part`` file, are hashed while streaming and are renamed into place only when
-the SHA-256 matches. Nothing here deletes a file the user put somewhere.
+the SHA-256 matches. A file is read once: the bytes that were hashed are the bytes that are
+unpickled (:func:`verify`), so a file swapped after the check is never loaded. Nothing here
+deletes a file the user put somewhere.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import TextIO
@@ -47,6 +49,27 @@ class ModelFile:
     sha256: str
     verified: bool
     """True when ``sha256`` matched the expected hash; False when the user vouched (trusted)."""
+    content: bytes = field(default=b"", repr=False, compare=False)
+    """The file's bytes as read and hashed: what is unpickled (empty once loaded)."""
+
+    def without_content(self) -> ModelFile:
+        """The record alone, to keep after loading without holding the file in memory."""
+        return replace(self, content=b"")
+
+
+def check_trust_options(sha256: object, trusted: object) -> None:
+    """ValueError/TypeError unless ``sha256`` is None or 64 hex digits and ``trusted`` a bool."""
+    if sha256 is not None and not (
+        isinstance(sha256, str)
+        and len(sha256) == 64
+        and all(c in "0123456789abcdefABCDEF" for c in sha256)
+    ):
+        raise ValueError(
+            f"sha256={sha256!r} is not a SHA-256: give the file's 64 hex digits "
+            "(`sha256sum FILE` prints them)"
+        )
+    if not isinstance(trusted, bool):
+        raise TypeError(f"trusted={trusted!r} must be True or False")
 
 
 def sha256_of(path: Path) -> str:
@@ -57,15 +80,25 @@ def sha256_of(path: Path) -> str:
         raise ModelFileError(f"cannot read the checkpoint file {path}: {error}") from error
 
 
+def read_checkpoint_bytes(path: Path) -> bytes:
+    """The whole file, read once; ModelFileError when it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise ModelFileError(f"cannot read the checkpoint file {path}: {error}") from error
+
+
 def verify(path: Path, expected: str | None, source: str, trusted: bool = False) -> ModelFile:
-    """Hash ``path`` and accept it if it matches ``expected``, or if the user trusts it."""
+    """Read ``path`` once and accept its bytes if their hash matches ``expected``, or if the
+    user trusts the file. The returned record carries those bytes: load them, not the path."""
     if not path.is_file():
         raise ModelFileError(f"the checkpoint {path} ({source}) is not a readable file")
-    actual = sha256_of(path)
+    content = read_checkpoint_bytes(path)
+    actual = hashlib.sha256(content).hexdigest()
     if expected is not None and actual == expected.lower():
-        return ModelFile(path, source, actual, verified=True)
+        return ModelFile(path, source, actual, verified=True, content=content)
     if trusted:
-        return ModelFile(path, source, actual, verified=False)
+        return ModelFile(path, source, actual, verified=False, content=content)
     if expected is None:
         raise ModelFileError(
             f"{path} has no known SHA-256, and loading a pickled checkpoint runs code from it: "
@@ -117,7 +150,7 @@ def locate_label_file(
     if download and checkpoint.url:
         target = cache_dir("models", environ=environ) / checkpoint.file
         download_file(checkpoint.url, target, checkpoint.sha256, progress=progress)
-        return ModelFile(target, "downloaded", checkpoint.sha256, verified=True)
+        return verify(target, checkpoint.sha256, "downloaded")
     how = (
         f"fetch it once with fm.load({checkpoint.id!r}, download=True) or "
         f"`fastmace models fetch {checkpoint.id}`, or give checkpoint=PATH"
@@ -144,11 +177,14 @@ def locate_url(
         )
     name = url.rstrip("/").rsplit("/", 1)[-1] or "model"
     target = locate_cache_root(environ=environ).path / "models" / name
-    if sha256 is not None and target.is_file() and sha256_of(target) == sha256.lower():
-        return ModelFile(target, "the cache", sha256.lower(), verified=True)
+    if sha256 is not None and target.is_file():
+        try:
+            return verify(target, sha256, "the cache")
+        except ChecksumMismatchError:
+            pass  # another file of that name: download the right one
     target = cache_dir("models", environ=environ) / name
-    actual = download_file(url, target, sha256, progress=progress)
-    return ModelFile(target, "downloaded", actual, verified=sha256 is not None)
+    download_file(url, target, sha256, progress=progress)
+    return verify(target, sha256, "downloaded", trusted=sha256 is None)
 
 
 def _report(progress: TextIO | None, text: str) -> None:

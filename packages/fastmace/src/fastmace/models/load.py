@@ -18,7 +18,13 @@ from fastmace.models.checkpoint import (
     load_checkpoint,
     model_dtype,
 )
-from fastmace.models.files import ModelFile, locate_label_file, locate_url, verify
+from fastmace.models.files import (
+    ModelFile,
+    check_trust_options,
+    locate_label_file,
+    locate_url,
+    verify,
+)
 from fastmace.models.label_table import (
     Checkpoint,
     UnknownLabelError,
@@ -145,6 +151,7 @@ def load(
     every converted model is checked against the e3nn model. ``dtype`` defaults to the
     checkpoint's. Nothing process-wide is changed (default dtype, environment, warnings).
     """
+    check_trust_options(sha256, trusted)
     want_dtype = _parse_dtype(dtype)
     _check_device(device)
     chosen, reason = choose_backend(backend, device)
@@ -157,7 +164,7 @@ def load(
         functional = None
     elif _is_url(text):
         file = locate_url(text, sha256, trusted, progress=progress)
-        reference = load_checkpoint(file.path)
+        reference = load_checkpoint(file)
         name, licence, functional = text, "unknown (your file)", None
     elif find_checkpoint(text.partition(":")[0]) is not None:
         checkpoint_entry, table_head = resolve_label(text)
@@ -165,7 +172,7 @@ def load(
             table_head = checkpoint_entry.head(head)
         explicit = Path(checkpoint) if checkpoint is not None else None
         file = locate_label_file(checkpoint_entry, explicit, download, trusted, progress=progress)
-        reference = load_checkpoint(file.path)
+        reference = load_checkpoint(file)
         name, licence = checkpoint_entry.id, licence_name(checkpoint_entry.licence)
         head, functional = table_head.name, table_head.functional
     else:
@@ -173,8 +180,10 @@ def load(
         if not path.exists():
             resolve_label(text)  # raises UnknownLabelError with suggestions
         file = verify(path, sha256, "path", trusted)
-        reference = load_checkpoint(file.path)
+        reference = load_checkpoint(file)
         name, licence, functional = str(path), "unknown (your file)", None
+    if file is not None:
+        file = file.without_content()  # loaded: keep the record, not the bytes
     description = describe(reference)
     head = _resolve_head(head, description)
     origin: dict = {"model": text, "head": head, "seed": seed}
