@@ -138,3 +138,84 @@ def test_fm_md_resumes_from_the_step_zero_restart(tmp_path):
     assert np.array_equal(resumed.structures[0].positions, straight.structures[0].positions)
     rows = list(csv.DictReader((run / "thermo.csv").open()))
     assert [int(r["step"]) for r in rows] == [0, 5, 10]
+
+
+def _with_velocity(value: float, atom: int = 2) -> ase.Atoms:
+    atoms = copper()
+    velocities = np.zeros((len(atoms), 3))
+    velocities[atom, 1] = value
+    atoms.set_velocities(velocities)
+    return atoms
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (np.nan, r"non-finite velocities \(atoms \[2\]"),
+        (np.inf, r"non-finite velocities \(atoms \[2\]"),
+        (1e160 / ase.units.fs, r"kinetic temperature inf K.*atom 2 .*1e\+160 Å/fs"),
+        (1.0 / ase.units.fs, r"kinetic temperature [0-9.e+]+ K, above the bound of 1e\+06 K"),
+    ],
+    ids=["nan", "inf", "1e160-A-per-fs", "1-A-per-fs"],
+)
+def test_bad_input_velocities_are_refused_before_anything_is_created(demo, tmp_path, value, match):
+    with pytest.raises(StructureError, match=match):
+        Simulation(demo, [_with_velocity(value)], settings(5), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_hot_but_physical_input_velocities_run(demo):
+    atoms = _with_velocity(0.05 / ase.units.fs)  # 0.05 Å/fs on one atom: thousands of K
+    result = Simulation(demo, [atoms], settings(5, initial_temperature_K=None)).run()
+    assert np.isfinite(result.structures[0].positions).all()
+
+
+def _overflowing(demo, output: Path | None, steps: int = 20) -> Simulation:
+    """A run whose neighbour list is far too small: every block overflows at first."""
+    from fastmace.dynamics.neighbours import NeighbourList
+
+    simulation = Simulation(demo, [copper()], settings(steps), output)
+    state = simulation.engine.md.state
+    tiny = NeighbourList(state, simulation.potential.r_max, 0.5, 8)
+    simulation.engine.force_field.neighbours = tiny
+    simulation.engine.force_field.edges = tiny.build(state)
+    return simulation
+
+
+def test_a_list_denser_than_the_bound_stops_the_run_and_says_failed(demo, tmp_path):
+    simulation = _overflowing(demo, tmp_path / "run")
+    simulation.engine.max_edges_per_atom = 2.0  # copper has dozens: as if it had collapsed
+    started = time.monotonic()
+    with pytest.raises(SimulationError, match=r"collapsing.*edges.*atoms/Å\^3.*bound of 2 per"):
+        simulation.run()
+    assert time.monotonic() - started < 60
+    metadata = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert metadata["status"] == "failed" and "collapsing" in metadata["error"]
+
+
+def test_the_physical_bound_lets_an_ordinary_overflow_recover(demo):
+    simulation = _overflowing(demo, None, steps=10)
+    simulation.run()
+    assert simulation.engine.regrowths >= 1
+
+
+def test_regrow_refuses_a_list_above_the_bound(demo):
+    """Copper is far below the physical bound; a bound below copper's edges is refused."""
+    from fastmace.dynamics.overflow import max_edges_per_atom, regrow
+
+    simulation = Simulation(demo, [copper()], settings(5), None)
+    neighbours = simulation.engine.force_field.neighbours
+    state = simulation.engine.md.state
+    copper_edges = neighbours.peak_count / state.n_atoms
+    assert copper_edges < max_edges_per_atom(neighbours.radius) / 4  # copper is far from it
+    with pytest.raises(SimulationError, match="collapsing"):
+        regrow(neighbours, state, max_edges_per_atom=copper_edges / 2)
+
+
+def test_a_block_that_keeps_overflowing_stops_the_run(demo, tmp_path):
+    simulation = _overflowing(demo, tmp_path / "run")
+    simulation.engine.max_regrowths_per_block = 0  # the first overflow is one too many
+    with pytest.raises(SimulationError, match=r"overflowed 1 times in one block.*collapsing"):
+        simulation.run()
+    metadata = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert metadata["status"] == "failed"
