@@ -14,8 +14,10 @@ with searches twice as often, down to every step; a run's trajectory never uses 
 
 Overflow: when the neighbour list found more edges (or bin entries) than it has room for, the
 block is wrong. The engine puts the state back as it was at the block's start, grows the list
-(``overflow.regrow``), captures again and redoes the block. A non-finite energy or force
-stops the run with :class:`SimulationError` instead; the caller keeps its last good restart.
+(``overflow.regrow``), captures again and redoes the block. A list that would outgrow
+matter's density or the memory available, a block that overflows more than
+``max_regrowths_per_block`` times, or a non-finite energy or force stops the run with
+:class:`SimulationError` instead; the caller keeps its last good restart.
 """
 
 from __future__ import annotations
