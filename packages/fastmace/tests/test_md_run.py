@@ -146,14 +146,12 @@ def test_resume_keeps_the_search_pattern(demo, tmp_path):
 
 
 def test_explosion_stops_the_run_and_keeps_the_last_restart(demo, tmp_path):
-    atoms = copper()
-    velocities = np.zeros((len(atoms), 3))
-    velocities[0, 0] = np.inf
-    atoms.set_velocities(velocities)
     run = Simulation(
-        demo, [atoms], settings(20, ensemble=ensemble("nve"), initial_temperature_K=None),
+        demo, [copper()], settings(20, ensemble=ensemble("nve"), initial_temperature_K=None),
         tmp_path / "run",
     )  # fmt: skip
+    # Input velocities are checked up front, so the blow-up is made inside the running state.
+    run.engine.md.state.velocities[0, 0] = float("inf")
     with pytest.raises(SimulationError, match="blew up"):
         run.run()
     from fastmace.io import load_restart

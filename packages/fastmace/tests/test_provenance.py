@@ -6,7 +6,6 @@ import json
 
 import ase.build
 import jsonschema
-import numpy as np
 import pytest
 
 from fastmace.dynamics.engine import SimulationError
@@ -73,14 +72,12 @@ def test_finished_run_metadata_is_valid_and_complete(schema, tmp_path):
 
 
 def test_failed_run_records_the_error(schema, tmp_path):
-    atoms = copper()
-    velocities = np.zeros((len(atoms), 3))
-    velocities[0, 0] = np.inf
-    atoms.set_velocities(velocities)
     run = Simulation(
-        load("demo-emt-cu"), [atoms],
+        load("demo-emt-cu"), [copper()],
         settings(ensemble=ensemble("nve"), initial_temperature_K=None), tmp_path / "run",
     )  # fmt: skip
+    # Input velocities are checked up front, so the blow-up is made inside the running state.
+    run.engine.md.state.velocities[0, 0] = float("inf")
     with pytest.raises(SimulationError):
         run.run()
     document = json.loads((tmp_path / "run" / "metadata.json").read_text())

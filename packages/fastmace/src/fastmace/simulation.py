@@ -229,11 +229,12 @@ class Simulation:
             total, settings.timestep_fs, start_step=step, stream=self.progress_stream
         )
         rows: list[dict[str, Any]] = []
-        if step == 0 and self.output is not None:
-            rows = self._write_outputs(0, final=total == 0)
         first_block_s = steady_s = 0.0
         steady_steps = 0
         try:
+            # A resumed run's restart step is already in the files (cut back to it on resume).
+            if step == 0 and self.output is not None and self.output.restart is None:
+                rows = self._write_outputs(0, final=total == 0)
             while step < total:
                 steps = min(self.block_steps, total - step)
                 tick = time.perf_counter()

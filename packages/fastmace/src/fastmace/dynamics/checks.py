@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import ase
+import ase.units
 import numpy as np
 from ase.data import chemical_symbols
 from ase.neighborlist import neighbor_list
 
 MIN_DISTANCE_A = 0.5  # closer than this, no interatomic potential is meaningful
+# Hotter than this, a structure's velocities are a mistake (units, a corrupt file), not physics:
+# about 100 times the temperature at which any solid or liquid has long become a plasma.
+MAX_INITIAL_TEMPERATURE_K = 1e6
 
 
 class StructureError(ValueError):
@@ -37,6 +41,7 @@ def _check_one(atoms: ase.Atoms, where: str, known: set[int], min_distance: floa
     if not np.isfinite(positions).all():
         bad = np.flatnonzero(~np.isfinite(positions).all(axis=1))
         raise StructureError(f"{where} has non-finite positions (atoms {bad[:10].tolist()})")
+    _check_velocities(atoms, where)
     unknown = sorted(set(atoms.get_atomic_numbers().tolist()) - known)
     if unknown:
         names = ", ".join(chemical_symbols[z] for z in unknown)
@@ -66,4 +71,34 @@ def _check_one(atoms: ase.Atoms, where: str, known: set[int], min_distance: floa
             f"{where} has atoms {int(first[closest])} and {int(second[closest])} only "
             f"{distance[closest]:.3f} Å apart (less than {min_distance} Å): overlapping atoms; "
             "check the structure file, its units (Å) and its cell"
+        )
+
+
+def _check_velocities(atoms: ase.Atoms, where: str) -> None:
+    """Refuse non-finite velocities, and velocities hotter than MAX_INITIAL_TEMPERATURE_K."""
+    if not atoms.has("momenta"):
+        return
+    momenta = atoms.get_momenta()
+    finite = np.isfinite(momenta).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        values = momenta[bad[:3]].tolist()
+        raise StructureError(
+            f"{where} has non-finite velocities (atoms {bad[:10].tolist()}, momenta "
+            f"{values}); set finite velocities, or remove them (atoms.set_momenta(None)) and "
+            "draw them with initial_temperature_K"
+        )
+    masses = atoms.get_masses()
+    with np.errstate(over="ignore", invalid="ignore"):
+        kinetic_eV = 0.5 * float(np.sum(momenta**2 / masses[:, None]))
+        temperature_K = 2.0 * kinetic_eV / (3.0 * len(atoms) * ase.units.kB)
+    if not np.isfinite(temperature_K) or temperature_K > MAX_INITIAL_TEMPERATURE_K:
+        largest = np.abs(momenta / masses[:, None]).max(axis=1) * ase.units.fs  # Å/fs
+        fastest = int(np.argmax(largest))
+        speed = largest[fastest]
+        raise StructureError(
+            f"{where} has velocities of kinetic temperature {temperature_K:.3g} K, above the "
+            f"bound of {MAX_INITIAL_TEMPERATURE_K:.0e} K (atom {fastest} has a velocity "
+            f"component of {speed:.3g} Å/fs); check the velocities' units (ASE's, not Å/fs), "
+            "or remove them (atoms.set_momenta(None)) and draw them with initial_temperature_K"
         )

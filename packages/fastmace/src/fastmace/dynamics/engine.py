@@ -14,8 +14,10 @@ with searches twice as often, down to every step; a run's trajectory never uses 
 
 Overflow: when the neighbour list found more edges (or bin entries) than it has room for, the
 block is wrong. The engine puts the state back as it was at the block's start, grows the list
-(``overflow.regrow``), captures again and redoes the block. A non-finite energy or force
-stops the run with :class:`SimulationError` instead; the caller keeps its last good restart.
+(``overflow.regrow``), captures again and redoes the block. A list that would outgrow
+matter's density or the memory available, a block that overflows more than
+``max_regrowths_per_block`` times, or a non-finite energy or force stops the run with
+:class:`SimulationError` instead; the caller keeps its last good restart.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from fastmace.dynamics.edges import Edges
+from fastmace.dynamics.errors import SimulationError
 from fastmace.dynamics.integrators import ComputeFn, ForceResult, MDState
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import regrow
@@ -35,9 +38,9 @@ from fastmace.dynamics.state import State
 
 StepFn = Callable[[MDState, ComputeFn], MDState]
 
-
-class SimulationError(RuntimeError):
-    """The dynamics blew up (a non-finite energy, force or position)."""
+# A block that still overflows after this many regrowths is not converging: the list keeps
+# growing because the atoms keep collapsing, and the run stops instead.
+MAX_REGROWTHS_PER_BLOCK = 8
 
 
 # The neighbour search (most of the list's cost) runs on one step in this many inside a block;
@@ -166,6 +169,9 @@ class Engine:
         self.capture_failure: str | None = None  # why graphs were given up, if they were
         self.steps_done = 0
         self.regrowths = 0
+        # None: the physical bound of fastmace.dynamics.overflow (max_edges_per_atom).
+        self.max_edges_per_atom: float | None = None
+        self.max_regrowths_per_block = MAX_REGROWTHS_PER_BLOCK
         self.search_halvings = 0  # blocks redone with more frequent neighbour searches
 
     # -- one block -------------------------------------------------------------------------
@@ -229,6 +235,7 @@ class Engine:
         start = own_tensors(self.md)
         generator_states = [g.get_state() for g in generators_of(self.md)]
         regrown = searched_more = False
+        regrowths = 0
         while True:
             self._launch(steps)
             neighbours = self.force_field.neighbours
@@ -248,8 +255,16 @@ class Engine:
                 self._search_more_often()
                 searched_more = True
             if overflow:
+                if regrowths == self.max_regrowths_per_block:
+                    raise SimulationError(
+                        f"the neighbour list overflowed {regrowths + 1} times in one block of "
+                        f"{steps} steps (capacity now {self.force_field.neighbours.capacity} "
+                        "edges): the atoms keep collapsing onto each other; lower the pressure "
+                        "or the timestep, or check the structure and the model"
+                    )
                 self._regrow()
                 regrown = True
+                regrowths += 1
             else:
                 self.force_field.edges = neighbours.build(self.md.state)
                 neighbours.stale.zero_()
@@ -275,7 +290,9 @@ class Engine:
 
     def _regrow(self) -> None:
         field = self.force_field
-        field.neighbours, field.edges = regrow(field.neighbours, self.md.state)
+        field.neighbours, field.edges = regrow(
+            field.neighbours, self.md.state, max_edges_per_atom=self.max_edges_per_atom
+        )
         self.graph = None  # shapes changed: capture again, after an eager warm-up block
         self.warmed_up = False
         self.regrowths += 1

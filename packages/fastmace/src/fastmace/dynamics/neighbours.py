@@ -132,6 +132,11 @@ class NeighbourList:
         self.stale = torch.zeros((), dtype=torch.bool, device=device)
 
     @property
+    def peak_count(self) -> int:
+        """The most edges a search found since this list was made (a host read)."""
+        return int(self._peak_count)
+
+    @property
     def radius(self) -> float:
         """The list radius, cutoff + skin."""
         return self.cutoff + self.skin
