@@ -109,6 +109,7 @@ LATTICE_A = 5.64
 RATTLE_A = 0.05  # the performance issue's set-up: rock salt rattled by 0.05 Å
 HEADS = {"mh-1": "omat_pbe"}  # multi-head templates: the head to run
 LARGE_ATOMS = 10_000  # above this: K = 20, fewer ASE steps
+LARGEST_ATOMS = 157_464  # 27^3 rock-salt cells of 8 atoms
 
 # (path, variant) -> label, in the order the table lists them within a row.
 LABELS: dict[tuple[str, str], str] = {
@@ -117,6 +118,7 @@ LABELS: dict[tuple[str, str], str] = {
     ("fastmace", "hybrid-nograph"): "FastMACE hybrid, capture=False",
     ("fastmace", "hybrid-compile"): "FastMACE hybrid + torch.compile",
     ("fastmace", "cueq-compile"): "FastMACE cuEq + torch.compile",
+    ("fastmace", "cueq-tf32-compile"): "FastMACE cuEq, TF32 matmuls + torch.compile",
     ("fastmace", "cueq-nograph"): "FastMACE cuEq, capture=False",
     ("fastmace", "cueq-tf32"): "FastMACE cuEq, TF32 matmuls",
     ("fastmace", "hybrid-tf32"): "FastMACE hybrid, TF32 matmuls",
@@ -140,6 +142,7 @@ FASTMACE_VARIANTS: dict[str, tuple[str, bool | None, bool, str]] = {
     "cueq-nograph": ("cueq", False, False, "float32"),
     "hybrid-compile": ("hybrid", None, True, "float32"),
     "cueq-compile": ("cueq", None, True, "float32"),
+    "cueq-tf32-compile": ("cueq", None, True, "tf32"),
     "e3nn": ("e3nn", None, False, "float32"),
     "e3nn-nograph": ("e3nn", False, False, "float32"),
 }
@@ -200,7 +203,8 @@ def full_plan() -> list[Case]:
     4. torch.compile at 1728 and 216 atoms of MP-0 medium: FastMACE hybrid + compile and
        MACECalculator cuEq + compile;
     5. what the graphs bring (capture=False) at 1728 and 216 atoms;
-    6. MACECalculator e3nn and OEq, then the other torch.compile cases.
+    6. MACECalculator e3nn and OEq, then the other torch.compile cases;
+    7. FastMACE cuEq with TF32 and torch.compile, and the largest cell (memory per atom).
 
     A GPU session splits it with ``--only`` (docs/validation/performance.md has the commands);
     each call compares the paths side by side in one process.
@@ -221,6 +225,9 @@ def full_plan() -> list[Case]:
     cases += [Case(m, n, "ase", v) for m, n in small + large for v in ("e3nn", "oeq")]
     cases += [Case(m, n, p, v) for m, n in small[2:] + large for p, v in compiled]
     cases.append(Case("mp0-medium", 1728, "ase", "e3nn-compile"))
+    cases += [Case("mp0-medium", n, "fastmace", "cueq-tf32-compile") for n in (216, 1728, 13824)]
+    # The largest cell of the targets (at least 150,000 atoms): memory per atom.
+    cases.append(Case("mp0-medium", LARGEST_ATOMS, "fastmace", "cueq"))
     return cases
 
 

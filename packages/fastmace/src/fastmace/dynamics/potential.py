@@ -36,6 +36,7 @@ import ase
 import numpy as np
 import torch
 
+from fastmace.dynamics.module_copy import weight_sharing_copy
 from fastmace.dynamics.edges import (
     Edges,
     edge_vectors,
@@ -315,7 +316,8 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
     by Dynamo, so an e3nn model is rebuilt from its configuration with code generation off,
     and mace's registered blocks are simplified by ``torch.fx``. Models converted to
     cuEquivariance or OpenEquivariance keep their kernels (registered torch operators) and are
-    only simplified. Forces stay outside the compiled region (autograd over its output), so
+    only simplified, on a copy that shares their weights (no deep copy: see
+    dynamics/module_copy.py). Forces stay outside the compiled region (autograd over its output), so
     Dynamo's autograd settings are left alone. Inductor's and Triton's caches go to the cache
     root (docs/environment.md), set before the first compilation.
 
@@ -331,7 +333,7 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
     environment.configure_compile_caches(cache.cache_root().path)
     with disable_e3nn_codegen():
         if _has_accelerated_kernels(model):
-            traceable = copy.deepcopy(model)
+            traceable = weight_sharing_copy(model)
         else:
             # Rebuilt under the model's dtype: e3nn keeps some constants outside its buffers.
             with default_dtype(model_dtype(model)):
@@ -346,6 +348,8 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
                     f"that differ: {sorted(lost)}); run without EngineConfig(compile=True)"
                 )
         traceable = simplify(traceable)
+    # Weights are constants of the compiled graph: AOTAutograd's backward then computes only
+    # the gradients the forces need.
     traceable.requires_grad_(False)
     # Fixed shapes per list capacity: dynamic=False compiles exactly those; a regrown list
     # compiles once more.

@@ -1,0 +1,56 @@
+"""A copy of a module tree that shares the weights' storage but nothing else.
+
+``torch.compile`` needs a model it may rewrite (mace-torch's ``simplify`` replaces blocks by
+traced graphs) whose parameters do not require gradients (else AOTAutograd's backward also
+computes weight gradients on every step). ``copy.deepcopy`` would give that, but on CUDA it
+breaks converted models: cuEquivariance's naive modules keep a CPU constant through it and
+OpenEquivariance's convolution loses its forward. :func:`weight_sharing_copy` copies only the
+module objects: new tables of submodules and parameters, parameters as new ``Parameter``
+objects over the same storage, buffers and every other attribute shared.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+
+def weight_sharing_copy(module: torch.nn.Module, *, requires_grad: bool = False) -> torch.nn.Module:
+    """A new tree of module objects over ``module``'s weights; ``module`` is not changed.
+
+    Every module of the tree is a new object of the same class with its own attribute table,
+    so replacing a submodule of the copy leaves the original alone. Parameters are new
+    ``Parameter`` objects viewing the same storage, with ``requires_grad`` as given; buffers
+    are the same tensors. Methods bound to an original module (mace-torch and the kernel
+    libraries patch ``forward`` on instances) are bound to its copy instead.
+    """
+    return _copy(module, requires_grad, {})
+
+
+def _copy(
+    module: torch.nn.Module, requires_grad: bool, memo: dict[int, torch.nn.Module]
+) -> torch.nn.Module:
+    if id(module) in memo:  # a module reachable twice stays one module in the copy
+        return memo[id(module)]
+    if isinstance(module, torch.jit.ScriptModule):
+        raise TypeError(
+            f"{type(module).__name__} is a TorchScript module, which cannot be copied this way"
+        )
+    twin = object.__new__(type(module))
+    memo[id(module)] = twin
+    attributes = dict(module.__dict__)
+    for name, value in attributes.items():
+        if isinstance(value, types.MethodType) and value.__self__ is module:
+            attributes[name] = types.MethodType(value.__func__, twin)
+    attributes["_modules"] = type(module._modules)(
+        (name, None if child is None else _copy(child, requires_grad, memo))
+        for name, child in module._modules.items()
+    )
+    attributes["_parameters"] = type(module._parameters)(
+        (name, None if p is None else torch.nn.Parameter(p.detach(), requires_grad=requires_grad))
+        for name, p in module._parameters.items()
+    )
+    attributes["_buffers"] = type(module._buffers)(module._buffers)
+    twin.__dict__.update(attributes)
+    return twin

@@ -1,0 +1,67 @@
+"""torch.compile of a cuEquivariance-converted model: compiled on a weight-sharing copy.
+
+cuEquivariance runs its naive (pure torch) code on the CPU, so Dynamo traces the same module
+tree it traces on CUDA, where the kernels are registered operators. The copy replaces the
+deep copy that left a CPU constant in the naive modules on CUDA (dynamics/module_copy.py).
+"""
+
+from __future__ import annotations
+
+import ase.build
+import numpy as np
+import pytest
+import torch
+
+from fastmace.dynamics.ensembles import ensemble
+from fastmace.dynamics.module_copy import weight_sharing_copy
+from fastmace.io import OutputSchedule
+from fastmace.models.load import load
+from fastmace.planner import EngineSettings
+from fastmace.runtime import environment
+from fastmace.simulation import RunSettings, Simulation
+
+pytest.importorskip("cuequivariance_torch")
+
+
+def test_weight_sharing_copy_shares_storage_not_modules():
+    model = load("demo-emt-cu", backend="cueq").module
+    twin = weight_sharing_copy(model)
+    pairs = list(zip(model.named_parameters(), twin.named_parameters(), strict=True))
+    assert all(a[0] == b[0] and a[1].data_ptr() == b[1].data_ptr() for a, b in pairs)
+    assert all(p.requires_grad for p in model.parameters())
+    assert not any(p.requires_grad for p in twin.parameters())
+    originals = {id(m) for m in model.modules()}
+    assert not any(id(m) in originals for m in twin.modules())
+    # Replacing a block of the copy leaves the original's block where it was.
+    block = model.interactions[0]
+    twin.interactions[0] = torch.nn.Identity()
+    assert model.interactions[0] is block
+
+
+def test_compiled_cueq_model_runs_the_same_dynamics(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
+    for name in (environment.TORCHINDUCTOR_CACHE_DIR.name, environment.TRITON_CACHE_DIR.name,
+                 *environment.COMPILE_CACHE_FLAGS):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)  # restored afterwards: compiling sets them
+    model = load("demo-emt-cu", backend="cueq")
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
+    atoms.rattle(0.02, seed=3)
+
+    def run(compile: bool) -> Simulation:
+        settings = RunSettings(
+            ensemble=ensemble("nve"), steps=6, timestep_fs=2.0, seed=7,
+            schedule=OutputSchedule(0, 0, 0), initial_temperature_K=300.0,
+        )  # fmt: skip
+        simulation = Simulation(
+            model, [atoms], settings, engine=EngineSettings(block_steps=3, compile=compile)
+        )
+        simulation.result = simulation.run()
+        return simulation
+
+    eager, compiled = run(False), run(True)
+    assert compiled.potential.compiled
+    np.testing.assert_allclose(
+        compiled.result.structures[0].positions, eager.result.structures[0].positions, atol=1e-10
+    )
+    # The caller's model still trains: its parameters were not switched off by compilation.
+    assert all(p.requires_grad for p in model.module.parameters())
