@@ -611,6 +611,10 @@ class Bench:
             device=loaded.device, backend=loaded.backend, block_steps=block,
             graphs=capture_setting, compile=compile_model, matmul_precision=matmul,
         )  # fmt: skip
+        if compile_model:
+            # Each case compiles afresh: Dynamo's recompile limit counts every earlier case's
+            # shapes of mace's forward, and past it the model silently runs eagerly.
+            torch._dynamo.reset()
         simulation = Simulation(
             loaded, [nacl(case.atoms)], settings, output=None, engine=engine,
             progress=io.StringIO(),

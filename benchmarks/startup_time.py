@@ -88,7 +88,8 @@ def main() -> None:
         command = [
             sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "fastmace", "md",
             str(structure), "--model", "template:mp0-medium", "--dtype", "float32",
-            "--backend", "cueq", "--steps", str(args.steps), "--traj-every", "0", "--temperature", "300",
+            "--backend", "cueq", "--steps", str(args.steps), "--traj-every", "0",
+            "--temperature", "300",
             "--output", str(args.out / f"run-{name}"), *args.extra,
         ]  # fmt: skip
         start = time.perf_counter()
