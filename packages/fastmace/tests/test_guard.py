@@ -240,3 +240,24 @@ def test_a_non_finite_blow_up_names_the_last_restart_too(demo, tmp_path):
     match = r"blew up.*in steps 0 to 5.*\. The last good restart .* at step 0 "
     with pytest.raises(SimulationError, match=match):
         run.run()
+
+
+def test_the_command_line_run_configs_and_the_runner_carry_the_guard(tmp_path):
+    from fastmace.cli.main import build_parser
+    from fastmace.cli.md import read_config
+    from fastmace.runner import encode_arguments
+
+    parse = build_parser().parse_args
+    args = parse(["md", "x.xyz", "--guard", "max_force_eV_per_A=200", "--guard", "off"])
+    assert dict(args.guard) == {"max_force_eV_per_A": 200.0, "enabled": False}
+    assert parse(["md", "x.xyz"]).guard is None and parse(["md", "x.xyz"]).timestep_fs is None
+    with pytest.raises(SystemExit):
+        parse(["md", "x.xyz", "--guard", "max_force_eV_per_A"])
+    config = tmp_path / "run.toml"
+    config.write_text(
+        'structure = "x.xyz"\n[guard]\nvolume_factor = 2.5\ntemperature_factor = inf\n'
+    )
+    table = read_config(config)["guard"]
+    assert GuardConfig.coerce(table) == GuardConfig(volume_factor=2.5, temperature_factor=math.inf)
+    sent = encode_arguments({"guard": GuardConfig(volume_factor=2.5)})["guard"]
+    assert EngineConfig(guard=sent).guard == GuardConfig(volume_factor=2.5)
