@@ -1,7 +1,8 @@
 """The captured engine on a GPU (marked ``gpu``; run on the GPU test machine).
 
-Captured (CUDA graph) and uncaptured runs must give the same trajectory within rounding, and a
-neighbour-list overflow inside a captured block must be recovered.
+Captured (CUDA graph) and uncaptured runs must give the same trajectory within rounding, a
+neighbour-list overflow inside a captured block must be recovered, and the physical guard must
+run inside the graph without host synchronisation and stop a blow-up.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 
 from fastmace.dynamics.ensembles import ensemble
 from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.io import OutputSchedule
 from fastmace.models.load import load
 from fastmace.planner import EngineSettings
 from fastmace.simulation import RunSettings, Simulation
@@ -34,8 +36,6 @@ def engine(capture: bool) -> EngineSettings:
 
 
 def settings(ensemble_name: str = "nvt") -> RunSettings:
-    from fastmace.io import OutputSchedule
-
     chosen = ensemble("nve") if ensemble_name == "nve" else ensemble("nvt", temperature_K=600.0)
     return RunSettings(
         ensemble=chosen,
@@ -76,3 +76,50 @@ def test_overflow_inside_a_captured_block_is_recovered():
     assert small.engine.regrowths >= 1
     difference = np.abs(result.structures[0].positions - reference.structures[0].positions).max()
     assert difference < 1e-6, difference
+
+
+# --- The guard inside the captured block -------------------------------------------------------
+
+
+def test_the_guard_runs_inside_the_graph_without_host_synchronisation():
+    """Warm-up and replays of a guarded block raise under CUDA's sync debug mode if anything
+    in them synchronises; the guard's values after a replay are those of the block's end."""
+    from fastmace.dynamics.guard import QUANTITIES
+
+    model = load("template:mp0-small", backend="cueq", device="cuda", dtype="float32")
+    simulation = Simulation(model, [nacl()], settings("nvt"), engine=engine(True))
+    run, guard = simulation.engine, simulation.guard
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run._launch(run.block_steps)  # the eager warm-up
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    run._launch(run.block_steps)  # the capture (capturing itself synchronises)
+    for _ in range(2):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            run._launch(run.block_steps)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert run.last_launch == "replay"
+        torch.cuda.synchronize()
+        assert torch.allclose(guard.values[:, 0], run.md.temperature())
+    guard.check(guard.values.cpu(), steps=(0, run.block_steps))  # a sound run: no breach
+    assert guard.values.shape == (1, len(QUANTITIES))
+
+
+def test_a_blow_up_inside_captured_blocks_stops_the_run():
+    from fastmace.dynamics.errors import GuardError
+
+    model = load("demo-emt-cu", device="cuda")
+    copper = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat(2)
+    hot = RunSettings(
+        ensemble=ensemble("nvt", temperature_K=20_000.0), steps=400, timestep_fs=10.0, seed=3,
+        schedule=OutputSchedule(0, 0, 0),
+        initial_temperature_K=300.0,  # heated by the thermostat: blows up after a few blocks
+    )  # fmt: skip
+    blocks = EngineSettings(device="cuda", block_steps=10)
+    simulation = Simulation(model, [copper], hot, engine=blocks)
+    with pytest.raises(GuardError, match="system 0's temperature"):
+        simulation.run()
+    assert simulation.engine.capture and simulation.engine.last_launch == "replay"

@@ -23,6 +23,7 @@ _LAZY = {
     "calculator": ("fastmace.ase", "calculator"),
     "Workload": ("fastmace.planner", "Workload"),
     "EngineConfig": ("fastmace.planner", "EngineConfig"),
+    "GuardConfig": ("fastmace.planner", "GuardConfig"),
     "Plan": ("fastmace.planner", "Plan"),
     "RunnerConfig": ("fastmace.runner", "RunnerConfig"),
 }
@@ -46,6 +47,7 @@ __all__ = [
     "CacheLocationError",
     "EngineConfig",
     "EnvironmentVariableError",
+    "GuardConfig",
     "LoadedModel",
     "MDResult",
     "Plan",

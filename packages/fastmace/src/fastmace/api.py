@@ -13,10 +13,15 @@ import ase
 import ase.io
 
 from fastmace.runtime import environment
-from fastmace.vocabulary import DEFAULT_ENSEMBLE, ENSEMBLE_SETTINGS, GPA_PER_BAR
+from fastmace.vocabulary import (
+    DEFAULT_ENSEMBLE,
+    DEFAULT_TIMESTEP_FS,
+    ENSEMBLE_SETTINGS,
+    GPA_PER_BAR,
+)
 
 if TYPE_CHECKING:
-    from fastmace.planner import EngineConfig, Plan
+    from fastmace.planner import EngineConfig, GuardConfig, Plan
     from fastmace.runner import RunnerConfig
     from fastmace.simulation import MDResult
 
@@ -62,18 +67,22 @@ def _pressure_GPa(settings: dict[str, Any]) -> float | None:
 
 
 # fm.md's keywords that force an engine setting: each is the EngineConfig field of that name.
-ENGINE_KEYWORDS = ("backend", "dtype", "block_steps", "skin_A", "graphs", "matmul_precision")
+ENGINE_KEYWORDS = (
+    "backend", "dtype", "block_steps", "skin_A", "graphs", "matmul_precision", "guard",
+)  # fmt: skip
 
 
 def engine_config(config: EngineConfig | None, **keywords: Any) -> EngineConfig:
     """The one EngineConfig of a run: ``config`` with fm.md's keywords (``ENGINE_KEYWORDS``)
     forced on top; a setting forced both ways, to different values, is refused."""
-    from fastmace.planner import EngineConfig
+    from fastmace.planner import EngineConfig, GuardConfig
 
     values = config.to_dict() if config is not None else {}
     for name, value in keywords.items():
         if value is None or (name == "backend" and value == "auto"):
             continue
+        if name == "guard":  # True, False, a mapping or a GuardConfig: compared as a mapping
+            value = GuardConfig.coerce(value).to_dict()
         if values.get(name) is not None and values[name] != value:
             raise ValueError(
                 f"fm.md got {name}={value!r} and config=EngineConfig({name}="
@@ -104,7 +113,7 @@ def md(
     head: str | None = None,
     ensemble: str = DEFAULT_ENSEMBLE,
     steps: int = 1000,
-    timestep_fs: float = 1.0,
+    timestep_fs: float | None = None,
     output: str | os.PathLike[str] | None = None,
     seed: int = 0,
     repeat: Sequence[int] | int | None = None,
@@ -123,6 +132,7 @@ def md(
     skin_A: float | None = None,
     graphs: bool | None = None,
     matmul_precision: str | None = None,
+    guard: GuardConfig | bool | dict[str, float] | None = None,
     resume: bool = False,
     progress: TextIO | None = None,
     check: str | None = None,
@@ -145,7 +155,15 @@ def md(
     function never does), ``template:NAME`` or a path. A path needs ``sha256=`` (the file's
     SHA-256, checked before it is loaded) or ``trusted=True``, as for ``fm.load``, because
     loading a checkpoint runs code from it. With ``output`` the run writes a run
-    directory (docs/output.md), which is never overwritten; ``resume=True`` continues it.
+    directory (docs/output.md), which is never overwritten; ``resume=True`` continues it,
+    with the same physics (a resume that changes the ensemble's settings, the model, dtype or
+    seed is refused) and the saved timestep unless ``timestep_fs`` is given (1 fs for a new
+    run).
+
+    ``guard`` sets the physical bounds the run must stay within, checked on the device every
+    block (docs/md.md): ``None``/``True`` the defaults, ``False`` off, a mapping of bounds or
+    an ``fm.GuardConfig``. A run outside them stops with ``GuardError``, naming the last good
+    restart.
 
     How it runs is planned (:mod:`fastmace.planner`): backend, dtype, graphs, block length,
     skin and the environment variables, each decision with its reason (in the report and
@@ -200,6 +218,11 @@ def md(
     from fastmace.simulation import RunSettings, Simulation
 
     chosen = make_ensemble(ensemble, **ensemble_settings)
+    if timestep_fs is None:  # a resumed run keeps its timestep unless another is given
+        from fastmace.resuming import saved_timestep_fs
+
+        saved = saved_timestep_fs(output) if resume else None
+        timestep_fs = DEFAULT_TIMESTEP_FS if saved is None else saved
     units = read_structures(structure)
     structures = read_structures(units, repeat)  # the file is read once
     if initial_temperature_K is None and not resume:
@@ -211,7 +234,7 @@ def md(
 
     config = engine_config(
         config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,
-        graphs=graphs, matmul_precision=matmul_precision,
+        graphs=graphs, matmul_precision=matmul_precision, guard=guard,
     )  # fmt: skip
     workload = Workload.from_structures(
         structures, ensemble=chosen.name, temperature_K=chosen.settings.get("temperature_K"),

@@ -237,6 +237,11 @@ def engine_record(simulation: Simulation) -> dict[str, Any]:
         "search_every": engine.force_field.search_every,
         "search_halvings": engine.search_halvings,
         "capture_failure": engine.capture_failure,
+        "guard": (
+            simulation.guard.record()
+            if simulation.guard is not None
+            else simulation.engine_settings.guard.to_dict()
+        ),
     }
 
 

@@ -148,8 +148,8 @@ def encode_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     """``fm.md``'s keyword arguments as JSON values; a value that is not JSON is refused."""
     encoded = {}
     for name, value in arguments.items():
-        if name == "config" and value is not None:
-            value = value.to_dict()  # an fm.EngineConfig
+        if name in ("config", "guard") and hasattr(value, "to_dict"):
+            value = value.to_dict()  # an fm.EngineConfig or fm.GuardConfig
         try:
             encoded[name] = json.loads(json.dumps(value, default=plain))
         except (TypeError, ValueError) as error:

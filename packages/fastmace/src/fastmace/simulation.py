@@ -4,7 +4,10 @@
 integrator and the engine, then runs blocks of K steps and, between blocks, writes what the
 output schedule asks for (thermo rows, trajectory frames, restarts) and shows progress. A
 restart holds every tensor of the integrator state, the random generators and the neighbour
-list's reference positions, so a resumed run continues bit for bit on the same device.
+list's reference positions, so a resumed run continues bit for bit on the same device; it also
+records the run's physics, which a resume must not change (:mod:`fastmace.resuming`), and the
+guard's references. A run that blows up or leaves the guard's bounds stops with an error that
+names the last good restart.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import torch
 
 from fastmace.dynamics.checks import check_structures
 from fastmace.dynamics.engine import Engine, ForceField, generators_of, tensors_of
+from fastmace.dynamics.errors import SimulationError
+from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import maxwell_boltzmann_velocities
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
@@ -29,6 +34,12 @@ from fastmace.dynamics.thermo import thermo_rows
 from fastmace.io import Progress, RunDirectory, RunOutput
 from fastmace.models.load import LoadedModel
 from fastmace.planner import EngineSettings, Plan
+from fastmace.resuming import (
+    check_resume,
+    physics_record,
+    restart_time_fs,
+    saved_restart,
+)
 from fastmace.runs import MDResult, RunSettings
 
 __all__ = ["MDResult", "RunSettings", "Simulation"]
@@ -66,7 +77,11 @@ class Simulation:
         self.progress_stream = progress
         self.output: RunOutput | None = None
         self.start_step = 0
+        self.start_time_fs = 0.0
         state = State.from_atoms(list(structures), device=model.device)
+        self.physics = physics_record(settings, model, state.n_systems)
+        if resume:  # before the run directory is cut back to its restart: a refusal changes nothing
+            self._check_resume(output, state)
         if settings.initial_temperature_K is not None and not resume:
             state = maxwell_boltzmann_velocities(
                 state, settings.initial_temperature_K, settings.seed
@@ -104,16 +119,30 @@ class Simulation:
         if restart is not None:
             self._restore(md, restart.payload)
             self.start_step = restart.step
+            self.start_time_fs = restart_time_fs(restart)
             # The same search pattern as the interrupted run, so it continues bit for bit.
             saved_every = restart.payload["neighbours"].get("search_every")
             force_field.search_every = int(saved_every or force_field.search_every)
+        # The last restart on disk, with its step: where a failed run can be resumed from.
+        self.last_restart: int | None = None if restart is None else restart.step
+        guard = self.engine_settings.guard
+        self.guard = (
+            Guard(
+                md, guard, skin_A=neighbours.skin,
+                references=restart.payload.get("guard") if restart is not None else None,
+            )
+            if guard.enabled
+            else None
+        )  # fmt: skip
         self.engine = Engine(
             md,
             settings.ensemble.step,
             force_field,
             block_steps=self.block_steps,
             capture=self.engine_settings.graphs,
+            guard=self.guard,
         )
+        self.engine.steps_done = self.start_step
         self.structures = list(structures)
         self.timings = {"setup_s": time.perf_counter() - started}
         self._write_metadata("running")
@@ -123,6 +152,21 @@ class Simulation:
             from fastmace.provenance import simulation_metadata
 
             self.output.write_metadata(simulation_metadata(self, status, error))
+
+    def _check_resume(self, output: str | Path | None, state: State) -> None:
+        """Refuse a resume that changes the run's physics (fastmace.resuming), naming each
+        difference; a directory without a restart is left to RunDirectory.resume's error."""
+        restart = saved_restart(output)
+        if restart is not None:
+            check_resume(
+                restart, self.physics, state.atomic_numbers.cpu().numpy(), output,
+                describe=self.settings.ensemble.describe(),
+            )  # fmt: skip
+
+    def time_fs(self, step: int) -> float:
+        """The simulated time at ``step``: a resumed run continues from its restart's time,
+        with its own timestep."""
+        return self.start_time_fs + (step - self.start_step) * self.settings.timestep_fs
 
     @property
     def neighbours(self) -> NeighbourList:
@@ -183,6 +227,9 @@ class Simulation:
             },
             "ensemble": self.settings.ensemble.describe(),
             "timestep_fs": self.settings.timestep_fs,
+            "time_fs": self.time_fs(step),
+            "physics": self.physics,
+            "guard": self.guard.references() if self.guard is not None else None,
         }
 
     def _restore(self, md: Any, payload: dict[str, Any]) -> None:
@@ -202,7 +249,7 @@ class Simulation:
     def _write_outputs(self, step: int, final: bool) -> list[dict[str, Any]]:
         md = self.engine.md
         schedule = self.settings.schedule
-        time_fs = step * self.settings.timestep_fs
+        time_fs = self.time_fs(step)
         rows: list[dict[str, Any]] = []
         if schedule.thermo_due(step) or final:
             edges = self.engine.force_field.model_edges(md.state)
@@ -218,6 +265,7 @@ class Simulation:
             self.output.write_thermo(rows)
         if schedule.restart_due(step) or final:
             self.output.write_restart(step, self._payload(step))
+            self.last_restart = step
         return rows
 
     def run(self) -> MDResult:
@@ -238,7 +286,11 @@ class Simulation:
             while step < total:
                 steps = min(self.block_steps, total - step)
                 tick = time.perf_counter()
-                self.engine.run_block(steps)  # the block's one host synchronisation
+                try:
+                    self.engine.run_block(steps)  # the block's one host synchronisation
+                except SimulationError as error:
+                    error.args = (f"{error.args[0]}. {self._resumable()}",)
+                    raise
                 elapsed = time.perf_counter() - tick
                 # Steady speed: graph replays when capturing, else every block after the
                 # first; warm-up, capture and redone blocks count as setup.
@@ -265,7 +317,7 @@ class Simulation:
             rows = thermo_rows(
                 self.engine.md, self.potential,
                 self.engine.force_field.model_edges(self.engine.md.state), step,
-                step * settings.timestep_fs,
+                self.time_fs(step),
             )  # fmt: skip
         self.timings["first_block_s"] = first_block_s
         if steady_steps:
@@ -293,6 +345,21 @@ class Simulation:
             self.output.write_report(result.report)
             self.output.close()
         return result
+
+    def _resumable(self) -> str:
+        """Which restart a failed run can be resumed from: for SimulationError's message."""
+        if self.output is None:
+            return "This run has no output directory, so no restart to resume from"
+        if self.last_restart is None:
+            return "No restart was written, so there is nothing to resume from"
+        directory = self.output.directory
+        return (
+            f"The last good restart is {directory.restart_path} at step {self.last_restart} "
+            f"(t = {self.time_fs(self.last_restart):g} fs): resume from it (fastmace md ... "
+            f"--output {directory.path} --resume, or fm.md(..., resume=True)) with a smaller "
+            "timestep, or, if the state is physical, with the guard's bound raised (--guard "
+            "NAME=VALUE, fm.md(guard={...}); docs/md.md)"
+        )
 
 
 def _state_from_restart(state: State, payload: dict[str, Any]) -> State:

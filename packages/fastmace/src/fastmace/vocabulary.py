@@ -77,6 +77,8 @@ def takes_pressure(ensemble: str) -> bool:
 MAX_TIMESTEP_FS = 10.0
 """The integrators refuse longer timesteps: no MACE model of interest is stable beyond this,
 and a larger value is almost always a unit mistake (ASE time units, or ps for fs)."""
+DEFAULT_TIMESTEP_FS = 1.0
+"""The timestep of a new run when none is given (a resumed run keeps its saved one)."""
 DEFAULT_BLOCK_STEPS = 50
 """K: MD steps per captured launch (up to LARGE_ATOMS atoms)."""
 DEFAULT_SKIN_A = 0.5
@@ -90,6 +92,34 @@ NEIGHBOUR_HEADROOM = 1.25
 CUTOFF_HEADROOM = 1.1
 """The same for the model's edges (pairs within the cutoff): tighter, since the model pays
 for every slot and their count moves far less than a whole rebuild's."""
+
+# -- the guard: physical bounds checked on the device every block (docs/md.md) -------------------
+
+GUARD_TEMPERATURE_FACTOR = 10.0
+"""A system hotter than this times its reference temperature (the larger of its target, its
+temperature at the start and GUARD_TEMPERATURE_FLOOR_K) has blown up: a thermostat holds the
+temperature within a few tens of per cent of its target once the system has a few atoms."""
+GUARD_TEMPERATURE_FLOOR_K = 300.0
+"""The smallest reference temperature: a run started cold (NVE from 0 K, a quench) may heat
+from its own potential energy without tripping the guard below ten times this."""
+GUARD_ENERGY_PER_ATOM_EV = 1.0
+"""The largest change per atom of a system's conserved energy since the run started, in eV:
+about 7,700 K of heat per atom, orders of magnitude beyond the integration error of a sound
+run (a blow-up passes it within a few steps)."""
+GUARD_NPT_ENERGY_FACTOR = 10.0
+"""NPT has no exactly conserved energy (the barostat's noise and friction are not tracked):
+its enthalpy plus the heat given to the thermostat may change by this many times the bound,
+which leaves room for compressing a solid to a few hundred GPa."""
+GUARD_MAX_FORCE_EV_PER_A = 100.0
+"""The largest force on any atom, in eV/Å: about what two atoms 0.8 Å apart feel; a sound
+run, even at a few thousand K, stays below a few tens of eV/Å."""
+GUARD_VOLUME_FACTOR = 5.0
+"""Under NPT, a cell more than this many times larger or smaller than at the start has blown
+up or collapsed; a packing built at low density or a phase transition stays within 3."""
+GUARD_DISPLACEMENT_SKINS = 2.0
+"""The largest displacement of an atom since the neighbour list's last rebuild, in skins: with
+searches on every step the list is rebuilt once an atom has moved half a skin, so this much
+means one step moved an atom by more than 1.5 skins (0.75 Å with the default skin)."""
 
 # -- units (CODATA 2014, as ase.units) -----------------------------------------------------------
 

@@ -28,7 +28,7 @@ RUN_KEYS = (
     "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
     "repeat", "initial_temperature_K", "trajectory_every", "thermo_every", "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
-    "block_steps", "skin_A", "graphs", "matmul_precision", "resume", "check",
+    "block_steps", "skin_A", "graphs", "matmul_precision", "resume", "check", "guard",
 )  # fmt: skip
 # Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
 RUNNER_KEYS = ("subprocess", "environment")
@@ -60,7 +60,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     md.add_argument("--temperature", type=float, dest="temperature_K", help="K")
     md.add_argument("--pressure", type=float, dest="pressure_GPa", help="GPa (NPT)")
     md.add_argument("--steps", type=int, default=1000)
-    md.add_argument("--timestep", type=float, default=1.0, dest="timestep_fs", help="fs")
+    md.add_argument("--timestep", type=float, dest="timestep_fs",
+                    help="fs (default 1; with --resume, the saved one)")  # fmt: skip
     md.add_argument("--friction", type=float, dest="friction_per_ps", help="1/ps (Langevin)")
     md.add_argument("--tau", type=float, dest="tau_fs", help="fs (CSVR, Nose-Hoover)")
     md.add_argument("--cell-mode", dest="cell_mode", help="NPT: isotropic, per_axis, full")
@@ -80,6 +81,11 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "--matmul-precision", choices=MATMUL_PRECISIONS, dest="matmul_precision",
         help="tf32: the model's matrix products on TF32 tensor cores (CUDA, float32 models; "
         "faster, looser: docs/md.md)",
+    )  # fmt: skip
+    md.add_argument(
+        "--guard", action="append", type=_bound, metavar="NAME=VALUE|off",
+        help="a bound of the physical guard, e.g. max_force_eV_per_A=200 (repeatable), or "
+        "off (docs/md.md)",
     )  # fmt: skip
     md.add_argument(
         "--check", action="store_const", const="gate", dest="check",
@@ -107,6 +113,20 @@ def _variable(text: str) -> tuple[str, str]:
     return name, value
 
 
+def _bound(text: str) -> tuple[str, bool | float]:
+    if text == "off":
+        return "enabled", False
+    name, equals, value = text.partition("=")
+    try:
+        if not (name and equals):
+            raise ValueError(text)
+        return name, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--guard takes NAME=NUMBER (e.g. max_force_eV_per_A=200) or off, got {text!r}"
+        ) from None
+
+
 def _default_output(structure: str) -> str:
     return f"md-{Path(structure).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -131,6 +151,8 @@ def _md(args: argparse.Namespace) -> int:
     options = {key: value for key, value in options.items() if value is not None}
     if "environment" in options:
         options["environment"] = dict(options["environment"])
+    if "guard" in options:
+        options["guard"] = dict(options["guard"])
     return _execute(options)
 
 

@@ -7,6 +7,11 @@ check and rebuild, model, integrator and thermostat noise are all device work. T
 synchronises once per block, to read the overflow flag and the block's energies. On the CPU
 the same code runs uncaptured.
 
+Guard: with a :class:`~fastmace.dynamics.guard.Guard`, each block also evaluates physical
+sanity bounds on the device (largest force every step; temperature, energy, volume and
+displacement at its end) into a small tensor read with the overflow flag, in the same
+synchronisation; a block out of bounds stops the run with :class:`GuardError`.
+
 Neighbour searches: inside a block the list is searched on one step in ``search_every`` (a
 fixed pattern, so the captured work is the same every replay) and the other steps only check
 the Verlet skin. If a check finds that a pair may be missing, the block is redone from its start
@@ -30,6 +35,7 @@ import torch
 
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.errors import SimulationError
+from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import ComputeFn, ForceResult, MDState
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import regrow
@@ -47,6 +53,10 @@ MAX_REGROWTHS_PER_BLOCK = 8
 # the steps between only check the skin. A block whose check failed is redone with searches
 # twice as often (the engine halves it, down to every step).
 DEFAULT_SEARCH_EVERY = 8
+
+# The engine's own flags at the front of the block's one read: overflow, finite energies,
+# finite positions, stale list; the guard's values follow.
+FLAGS = 4
 
 
 class ForceField:
@@ -152,12 +162,14 @@ class Engine:
         *,
         block_steps: int,
         capture: bool | None = None,
+        guard: Guard | None = None,
     ) -> None:
         if block_steps < 1:
             raise ValueError(f"block_steps must be at least 1, got {block_steps}")
         self.md = own_tensors(md)
         self.step_fn = step
         self.force_field = force_field
+        self.guard = guard  # None: only non-finite values stop the run
         self.block_steps = block_steps
         cuda = self.md.state.device.type == "cuda"
         self.capture = cuda if capture is None else capture
@@ -167,7 +179,7 @@ class Engine:
         self.warmed_up = False  # a graph is captured after one eager block (the warm-up)
         self.last_launch = ""  # "eager", "capture" or "replay": what the last block did
         self.capture_failure: str | None = None  # why graphs were given up, if they were
-        self.steps_done = 0
+        self.steps_done = 0  # the run's step: a resumed run's caller sets its restart's step
         self.regrowths = 0
         # None: the physical bound of fastmace.dynamics.overflow (max_edges_per_atom).
         self.max_edges_per_atom: float | None = None
@@ -177,12 +189,18 @@ class Engine:
     # -- one block -------------------------------------------------------------------------
 
     def _advance(self, md: MDState, steps: int | None = None) -> MDState:
-        force_field = self.force_field
+        force_field, guard = self.force_field, self.guard
+        if guard is not None:
+            guard.start_block(md, force_field.neighbours)
         for index in range(self.block_steps if steps is None else steps):
             # A fixed pattern within the block, so a captured block replays the same work.
             force_field.search_now = index % force_field.search_every == 0
             md = self.step_fn(md, force_field)
+            if guard is not None:
+                guard.observe(md)
         force_field.search_now = True
+        if guard is not None:
+            guard.finish_block(md, force_field.neighbours)
         return md
 
     def _run_eager(self, steps: int | None = None) -> None:
@@ -230,7 +248,11 @@ class Engine:
 
     def run_block(self, steps: int | None = None) -> BlockReport:
         """Advance K steps (or ``steps``, uncaptured, for a short last block); redo them with a
-        larger neighbour list if the list overflowed."""
+        larger neighbour list if the list overflowed, or with more searches if it went stale.
+
+        Raises SimulationError when the block blew up (non-finite values) and GuardError when
+        it left the guard's bounds; the state is then the block's end, not to be saved.
+        """
         steps = self.block_steps if steps is None else steps
         start = own_tensors(self.md)
         generator_states = [g.get_state() for g in generators_of(self.md)]
@@ -239,14 +261,14 @@ class Engine:
         while True:
             self._launch(steps)
             neighbours = self.force_field.neighbours
-            flags = torch.stack(
-                [
-                    self.force_field.edges.overflow.to(torch.float64),
-                    torch.isfinite(self.md.energy).all().to(torch.float64),
-                    torch.isfinite(self.md.state.positions).all().to(torch.float64),
-                    neighbours.stale.to(torch.float64),
-                ]
-            ).cpu()  # fmt: skip  (the block's one host synchronisation)
+            own = [
+                self.force_field.edges.overflow.to(torch.float64),
+                torch.isfinite(self.md.energy).all().to(torch.float64),
+                torch.isfinite(self.md.state.positions).all().to(torch.float64),
+                neighbours.stale.to(torch.float64),
+            ]
+            # The block's one host synchronisation: the engine's flags and the guard's values.
+            flags = torch.cat([torch.stack(own), self._guard_values()]).cpu()
             overflow, stale = bool(flags[0]), bool(flags[3])
             if not (overflow or stale):
                 break
@@ -269,14 +291,23 @@ class Engine:
                 self.force_field.edges = neighbours.build(self.md.state)
                 neighbours.stale.zero_()
                 self.graph = None  # the schedule changed: capture again
+        first, last = self.steps_done, self.steps_done + steps
         if not (bool(flags[1]) and bool(flags[2])):
             raise SimulationError(
-                "the simulation blew up: a non-finite energy or position appeared in the last "
-                f"{steps} steps; try a smaller timestep, check the structure for "
+                "the simulation blew up: a non-finite energy or position appeared in steps "
+                f"{first} to {last}; try a smaller timestep, check the structure for "
                 "atoms that are too close, or check that the model covers these elements"
             )
+        if self.guard is not None:
+            self.guard.check(flags[FLAGS:], steps=(first, last))  # raises GuardError
         self.steps_done += steps
         return BlockReport(self.steps_done, regrown, searched_more)
+
+    def _guard_values(self) -> torch.Tensor:
+        """The guard's values of the last block, flattened (none without a guard)."""
+        if self.guard is None:
+            return torch.zeros(0, dtype=torch.float64, device=self.md.state.device)
+        return self.guard.values.flatten()
 
     def _put_back(self, start: MDState, generator_states: list[torch.Tensor]) -> None:
         """The state and random generators as they were at the start of the block."""

@@ -7,6 +7,7 @@ integrator's init and step functions. Parameter checks happen in the integrators
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,18 @@ class Ensemble:
     @property
     def step(self) -> Callable[[MDState, ComputeFn], MDState]:
         return _TABLE[self.name][1]
+
+    def resolved_settings(self) -> dict[str, Any]:
+        """Every setting the integrator runs with: those given, and its defaults for the rest
+        (so that a setting left out and the same setting given at its default compare equal)."""
+        parameters = inspect.signature(_TABLE[self.name][0]).parameters
+        defaults = {
+            name: parameters[name].default
+            for name in ENSEMBLE_TAKES[self.name]
+            if name in parameters
+            and parameters[name].default not in (None, inspect.Parameter.empty)
+        }
+        return {**defaults, **self.settings}
 
     def describe(self) -> str:
         settings = ", ".join(f"{key}={value}" for key, value in self.settings.items())

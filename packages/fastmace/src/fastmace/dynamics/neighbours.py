@@ -130,6 +130,9 @@ class NeighbourList:
         self._stencil_broken = torch.zeros((), dtype=torch.bool, device=device)
         # Set by `check` when a pair may be missing (no search ran when one was needed).
         self.stale = torch.zeros((), dtype=torch.bool, device=device)
+        # (S,) the largest displacement since the last rebuild that a skin test has seen, per
+        # system: the engine's guard reads it once per block and resets it (dynamics/guard.py).
+        self.largest_move = torch.zeros(state.n_systems, dtype=POSITION_DTYPE, device=device)
 
     @property
     def peak_count(self) -> int:
@@ -166,6 +169,7 @@ class NeighbourList:
             )
             largest = torch.zeros(state.n_systems, dtype=moved.dtype, device=moved.device)
             largest = largest.scatter_reduce(0, state.system, moved.norm(dim=-1), "amax")
+            self.largest_move.copy_(torch.maximum(self.largest_move, largest))
             image_change = (self.grid.max_image * cell_change.norm(dim=-1)).sum(dim=-1)
             return (2 * largest + image_change >= self.skin).any()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from fastmace.planner.availability import Availabilities, BackendStatus
 from fastmace.planner.config import EngineConfig
 from fastmace.planner.decide import make_plan
+from fastmace.planner.guard import GuardConfig
 from fastmace.planner.plan import (
     Decision,
     EngineSettings,
@@ -35,6 +36,7 @@ __all__ = [
     "EngineSettings",
     "EnvironmentSetting",
     "Fallback",
+    "GuardConfig",
     "Plan",
     "PlanError",
     "Workload",

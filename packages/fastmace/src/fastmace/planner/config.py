@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from fastmace.planner.guard import GuardConfig
 from fastmace.vocabulary import BACKENDS, DTYPES, MATMUL_PRECISIONS
 
 # cuBLAS's fixed-point emulation takes 1 to 79 mantissa bits (as configure_fp64_emulation checks).
@@ -49,11 +50,16 @@ class EngineConfig:
     """Let cuBLAS emulate float64 matrix products (float64 plans on CUDA only)."""
     fp64_emulation_mantissa_bits: int | None = None
     """Mantissa bits of that emulation (1 to 79; None: cuBLAS's default)."""
+    guard: GuardConfig | None = None
+    """The physical bounds checked every block (None: the defaults; False: off; a mapping of
+    bounds, as a run config's ``[guard]`` table, is made a GuardConfig)."""
 
     def __post_init__(self) -> None:
         for name in ("backend", "dtype"):
             if getattr(self, name) == "auto":
                 object.__setattr__(self, name, None)
+        if self.guard is not None:
+            object.__setattr__(self, "guard", GuardConfig.coerce(self.guard))
         _one_of("backend", self.backend, BACKENDS)
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)
@@ -96,8 +102,11 @@ class EngineConfig:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, None included: JSON-serialisable."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field, None included: JSON-serialisable (the guard as a mapping)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.guard is not None:
+            values["guard"] = self.guard.to_dict()
+        return values
 
 
 def _one_of(name: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -12,6 +12,7 @@ import re
 
 from fastmace.planner.availability import Availabilities
 from fastmace.planner.config import EngineConfig
+from fastmace.planner.guard import GuardConfig
 from fastmace.planner.plan import (
     ASKED,
     AVAILABILITY,
@@ -88,6 +89,7 @@ def make_plan(
         emulation,
         _mantissa_bits(config, emulation.value),
         _reproducible(workload),
+        _guard(config),
     )
     settings = _environment(
         availability,
@@ -334,6 +336,23 @@ def _reproducible(workload: Workload) -> Decision:
             ASKED,
         )
     return Decision("reproducible", False, "rule: not asked (Workload.reproducible=False)")
+
+
+def _guard(config: EngineConfig) -> Decision:
+    if config.guard is not None:
+        changed = {
+            name: value
+            for name, value in config.guard.to_dict().items()
+            if value != getattr(GuardConfig(), name)
+        }
+        shown = ", ".join(f"{name}={value!r}" for name, value in changed.items())
+        reason = f"forced by EngineConfig(guard=GuardConfig({shown}))"
+        return Decision("guard", config.guard.to_dict(), reason, FORCED)
+    return Decision(
+        "guard",
+        GuardConfig().to_dict(),
+        "rule: the default physical bounds, checked on the device every block (docs/md.md)",
+    )
 
 
 # -- environment variables --------------------------------------------------------------------

@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterator, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastmace.planner.availability import Availabilities
 from fastmace.planner.config import EngineConfig
+from fastmace.planner.guard import GuardConfig
 from fastmace.planner.workload import Workload
 from fastmace.runtime import environment
 from fastmace.vocabulary import (
@@ -104,8 +105,12 @@ class EngineSettings:
     """Run the model through torch.compile."""
     matmul_precision: str = DEFAULT_MATMUL_PRECISION
     """How the model's matrix products run: "float32" or "tf32" (tensor cores, CUDA)."""
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """The physical bounds the engine checks every block (fastmace.dynamics.guard)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.guard, GuardConfig):
+            raise ValueError(f"guard must be a GuardConfig, got {self.guard!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}: use one of {', '.join(BACKENDS)}")
         if self.matmul_precision not in MATMUL_PRECISIONS:
@@ -128,7 +133,7 @@ class EngineSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field: JSON-serialisable."""
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self)  # the guard becomes a mapping too
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,10 @@ class Plan:
     def reproducible(self) -> bool:
         return self.value("reproducible")
 
+    @property
+    def guard(self) -> GuardConfig:
+        return GuardConfig(**self.value("guard"))
+
     def environment_values(self) -> dict[str, str]:
         """Each variable the plan concerns and its value once the plan is applied."""
         return {setting.name: setting.value for setting in self.environment}
@@ -232,6 +241,7 @@ class Plan:
             graphs=self.graphs,
             compile=self.compile,
             matmul_precision=self.matmul_precision,
+            guard=self.guard,
         )
 
     # -- alternatives ------------------------------------------------------------------------
@@ -300,6 +310,8 @@ class Plan:
         line("allocator", self.expandable_segments, d("expandable_segments").reason)
         if self.reproducible:
             line("reproducible", True, d("reproducible").reason)
+        if d("guard").source == FORCED:
+            line("guard", self.guard.enabled, d("guard").reason)
         if self.environment:
             shown = ", ".join(f"{s.name}={s.value} ({s.action})" for s in self.environment)
             lines.append(f"  {'environment':<12} {shown}")
