@@ -4,6 +4,8 @@ Both call :func:`fastmace.md` with the same settings; a run directory is always 
 (default: ``md-<structure name>-<date>-<time>`` in the working directory) and never
 overwritten. The config file's keys are ``fm.md``'s keyword arguments plus ``structure``,
 ``subprocess`` and an ``[environment]`` table (``fm.RunnerConfig``); unknown keys are refused.
+A refused request names the flag it was given as (``fastmace md``) or the config file
+(``fastmace run``), and an occupied run directory says how to resume in that command's words.
 docs/md.md describes both.
 """
 
@@ -201,9 +203,10 @@ def _check_kinds(path: Path, config: dict[str, Any]) -> None:
             'structure file, as a string (structure = "NaCl.cif")',
             "structure",
         )
-    for key in ("subprocess",):
-        if key in config and not isinstance(config[key], bool):
-            raise RequestTypeError(f"{path}: {key} = {config[key]!r} must be true or false", key)
+    if "subprocess" in config and not isinstance(config["subprocess"], bool):
+        raise RequestTypeError(
+            f"{path}: subprocess = {config['subprocess']!r} must be true or false", "subprocess"
+        )
     if "environment" in config and not isinstance(config["environment"], dict):
         raise RequestTypeError(
             f"{path}: environment must be a table of variables ([environment] with NAME = "

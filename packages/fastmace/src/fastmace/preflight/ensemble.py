@@ -1,7 +1,7 @@
 """Checks of an ensemble's settings and of what it needs from the structures, without torch.
 
 The integrators check the same bounds when they start (:mod:`fastmace.dynamics.integrators`),
-but only after the model is loaded and the run directory exists; :func:`check_ensemble` runs
+but only after the model is loaded and the run directory exists; :func:`check_settings` runs
 before either, so that a bad setting leaves nothing behind.
 """
 
@@ -54,6 +54,7 @@ BOUNDS = {
     "compressibility_per_GPa": Bound("1/GPa", 0.0, strict=True),
     "pressure_GPa": Bound("GPa"),
     "pressure_bar": Bound("bar"),
+    "initial_temperature_K": Bound("K", 0.0),  # fm.md's, for the velocities it draws
 }
 # Where an ensemble asks more: the Nose-Hoover chain's masses grow with T and tau^2.
 STRICTER = {

@@ -19,7 +19,7 @@ import ase
 
 from fastmace.dynamics.checks import check_structures
 from fastmace.preflight.ensemble import (
-    Bound,
+    BOUNDS,
     check_fits_structures,
     check_settings,
     check_timestep,
@@ -31,8 +31,6 @@ from fastmace.runtime import environment
 from fastmace.runtime.cache import cache_root
 from fastmace.structures import Structure, read_structures
 from fastmace.vocabulary import DEFAULT_ENSEMBLE, ENSEMBLE_SETTINGS
-
-INITIAL_TEMPERATURE = Bound("K", 0.0)
 
 
 @dataclass(frozen=True)
@@ -64,10 +62,11 @@ def check_arguments(arguments: Mapping[str, Any], look: bool = True) -> str:
     if "steps" in arguments:
         whole("steps", arguments["steps"], minimum=0)
     if "seed" in arguments:
-        whole("seed", arguments["seed"], minimum=0)
+        whole("seed", arguments["seed"])
     timestep_fs = check_timestep(arguments.get("timestep_fs", 1.0))
     if arguments.get("initial_temperature_K") is not None:
-        INITIAL_TEMPERATURE.check("initial_temperature_K", arguments["initial_temperature_K"], 0)
+        initial = arguments["initial_temperature_K"]
+        BOUNDS["initial_temperature_K"].check("initial_temperature_K", initial, timestep_fs)
     for name in ("reproducible", "trusted"):
         if name in arguments:
             switch(name, arguments[name])

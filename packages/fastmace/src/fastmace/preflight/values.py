@@ -65,15 +65,16 @@ def per_system(name: str, value: Any, unit: str) -> list[float]:
     return [float(item) for item in items]
 
 
-def whole(name: str, value: Any, *, minimum: int) -> int:
-    """A whole number (an int, not a float or bool) at least ``minimum``."""
+def whole(name: str, value: Any, *, minimum: int | None = None) -> int:
+    """A whole number (an int, not a float or bool), at least ``minimum`` if given."""
+    at_least = "" if minimum is None else f" >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise RequestTypeError(
-            f"{_shown(name, value)} is not allowed: give a whole number (>= {minimum})", name
+            f"{_shown(name, value)} is not allowed: give a whole number{at_least}", name
         )
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise RequestError(
-            f"{_shown(name, value)} is not allowed: give a whole number >= {minimum}", name
+            f"{_shown(name, value)} is not allowed: give a whole number{at_least}", name
         )
     return int(value)
 
