@@ -31,7 +31,7 @@ from fastmace.runtime.startup import apply_at_import
 
 ORDER = [
     "GPU and driver", "torch", "MACE", "cuEquivariance", "OpenEquivariance", "Triton", "NVRTC",
-    "graph-longrange", "torch-dftd", "cache root", "file locks", "model files",
+    "graph-longrange", "torch-dftd", "environment", "cache root", "file locks", "model files",
 ]  # fmt: skip
 NOT_IMPORTED = ("mace", "openequivariance", "cuequivariance_ops_torch", "cuequivariance_torch")
 
@@ -55,7 +55,9 @@ def doctor_env(clean_env, tmp_path):
 def test_checks_are_in_the_documented_order():
     assert [check.name for check in CHECKS] == ORDER
     required = {check.name for check in CHECKS if check.required}
-    assert required == {"torch", "MACE", "cuEquivariance", "cache root", "file locks"}
+    assert required == {
+        "torch", "MACE", "cuEquivariance", "environment", "cache root", "file locks",
+    }  # fmt: skip
 
 
 def test_doctor_on_this_cpu_machine(doctor_env, tmp_path):
@@ -63,6 +65,7 @@ def test_doctor_on_this_cpu_machine(doctor_env, tmp_path):
     lines = result.stdout.splitlines()
     assert [lines_by_check(line).popitem()[0] for line in lines] == ORDER
     checks = lines_by_check(result.stdout)
+    assert checks["environment"].startswith("[ok]") and "FASTMACE_CACHE" in checks["environment"]
     assert checks["cache root"].startswith("[ok]")
     assert "from FASTMACE_CACHE; will be created on first use" in checks["cache root"]
     assert checks["file locks"].startswith("[ok]") and "soft locks" in checks["file locks"]
@@ -313,6 +316,22 @@ def test_mismatched_prebuilt_extension_is_explained(doctor_env, tmp_path):
     assert refused.startswith("[warn]")
     assert "FASTMACE_OEQ_PREBUILT=1 refuses the toolchain build" in refused
     assert "built for torch 2.0.0+cu999" in refused
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "allowed"),
+    [("FASTMACE_SOFT_FILE_LOCKS", "yes", "leave it unset, or set it to 1 or 0"),
+     ("CUDA_CACHE_PATH", "relative/cache", "give an absolute path")],
+)  # fmt: skip
+def test_bad_variable_read_at_import_is_a_failed_check(doctor_env, name, value, allowed):
+    # Such a value used to make `import fastmace` raise, so doctor itself could not run.
+    doctor_env[name] = value
+    result = run_fastmace(["doctor"], doctor_env)
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.returncode == 1
+    line = lines_by_check(result.stdout)["environment"]
+    assert line.startswith(f"[FAIL] {name}={value!r} is not allowed: {allowed}")
+    assert "Correct or unset it" in line and "docs/environment.md" in line
 
 
 def test_bad_prebuilt_setting_is_a_failure_not_a_crash(doctor_env):

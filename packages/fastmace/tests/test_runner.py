@@ -15,6 +15,7 @@ import pytest
 import fastmace as fm
 from fastmace.cli.main import main as cli_main
 from fastmace.gate import GateError
+from fastmace.models.label_table import UnknownLabelError
 from fastmace.provenance import SCHEMA
 from fastmace.runner import RunnerConfig, RunnerError, encode_arguments
 from fastmace.runtime.environment import child_environment
@@ -95,13 +96,24 @@ def test_a_run_without_output_returns_its_structures_and_leaves_no_handoff(cache
     assert_no_handoff_left(cache)
 
 
-def test_a_failing_child_raises_runner_error_and_leaves_no_handoff(cache):
+def test_a_failing_child_raises_runner_error_and_leaves_no_handoff(cache, tmp_path):
+    # A file that passes every check made before loading, and fails to load in the child.
+    not_a_model = tmp_path / "not-a-model.model"
+    not_a_model.write_bytes(b"not a checkpoint")
     runner = RunnerConfig(subprocess=True)
-    with pytest.raises(RunnerError, match="exit code 1: UnknownLabelError") as raised:
-        fm.md(copper(), **{**RUN, "model": "no-such-model"}, runner=runner, progress=io.StringIO())
+    arguments = {**RUN, "model": str(not_a_model), "trusted": True}
+    with pytest.raises(RunnerError, match="exit code 1: NotAMaceModelError") as raised:
+        fm.md(copper(), **arguments, runner=runner, progress=io.StringIO())
     assert raised.value.returncode == 1
-    assert "no-such-model" in raised.value.child_error and "Traceback" in raised.value.tail
+    assert "not-a-model.model" in raised.value.child_error and "Traceback" in raised.value.tail
     assert_no_handoff_left(cache)
+
+
+def test_a_request_refused_up_front_starts_no_child(cache):
+    runner = RunnerConfig(subprocess=True)
+    with pytest.raises(UnknownLabelError, match="no-such-model"):
+        fm.md(copper(), **{**RUN, "model": "no-such-model"}, runner=runner, progress=io.StringIO())
+    assert not (cache / "handoff").exists()
 
 
 def test_a_child_past_its_timeout_is_stopped(cache):
@@ -112,12 +124,25 @@ def test_a_child_past_its_timeout_is_stopped(cache):
     assert_no_handoff_left(cache)
 
 
-def test_the_gate_child_gets_the_environment(cache):
-    # A value the child's `import fastmace` refuses: the gate fails, naming it.
-    runner = RunnerConfig(environment={"FASTMACE_SOFT_FILE_LOCKS": "bogus"})
-    with pytest.raises(GateError, match="FASTMACE_SOFT_FILE_LOCKS='bogus' is not allowed"):
+def test_the_gate_child_gets_the_environment(cache, tmp_path):
+    # A PYTHONPATH whose sitecustomize stops the child at start-up: the gate fails, saying so.
+    (tmp_path / "stop").mkdir()
+    (tmp_path / "stop" / "sitecustomize.py").write_text(
+        "import os, sys\nprint('the gate child got the environment', file=sys.stderr)\n"
+        "sys.stderr.flush()\nos._exit(3)\n"
+    )
+    runner = RunnerConfig(environment={"PYTHONPATH": str(tmp_path / "stop")})
+    with pytest.raises(GateError, match="the gate child got the environment"):
         fm.md(copper(), **RUN, check="gate", runner=runner, progress=io.StringIO())
-    assert "FASTMACE_SOFT_FILE_LOCKS" not in os.environ
+    assert str(tmp_path / "stop") not in os.environ.get("PYTHONPATH", "")
+
+
+def test_a_bad_variable_for_the_children_is_refused_before_anything_starts(cache):
+    # The children would parse it: refused here, before a model is loaded or a child started.
+    runner = RunnerConfig(subprocess=True, environment={"FASTMACE_SOFT_FILE_LOCKS": "bogus"})
+    with pytest.raises(fm.EnvironmentVariableError, match="FASTMACE_SOFT_FILE_LOCKS='bogus'"):
+        fm.md(copper(), **RUN, runner=runner, progress=io.StringIO())
+    assert "FASTMACE_SOFT_FILE_LOCKS" not in os.environ and not (cache / "handoff").exists()
 
 
 def test_child_environment_puts_this_fastmace_first_and_applies_extra(monkeypatch):
@@ -176,7 +201,7 @@ def test_arguments_travel_as_json_and_the_rest_is_refused_before_anything_starts
     with pytest.raises(TypeError, match="temperature_K=<object"):
         fm.md(copper(), model="demo-emt-cu", temperature_K=object(), runner=runner)
     with pytest.raises(FileNotFoundError, match="no structure file"):
-        fm.md(cache / "missing.extxyz", runner=runner)
+        fm.md(cache / "missing.extxyz", temperature_K=300.0, runner=runner)
     assert not (cache / "handoff").exists()
 
 
@@ -199,7 +224,7 @@ def test_cli_makes_the_runner_config(monkeypatch, tmp_path):
     assert "runner" not in calls[-1]
     config = tmp_path / "config.toml"
     config.write_text(
-        f'structure = "{EXAMPLE}"\nsubprocess = true\nsteps = 5\n'
+        f'structure = "{EXAMPLE}"\nsubprocess = true\nsteps = 5\ntemperature_K = 300\n'
         '[environment]\nOMP_NUM_THREADS = "1"\n'
     )
     assert cli_main(["run", str(config)]) == 0

@@ -6,13 +6,10 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import ase
-import ase.io
-
 from fastmace.runtime import environment
+from fastmace.structures import Structure
 from fastmace.vocabulary import (
     DEFAULT_ENSEMBLE,
     DEFAULT_TIMESTEP_FS,
@@ -24,38 +21,6 @@ if TYPE_CHECKING:
     from fastmace.planner import EngineConfig, GuardConfig, Plan
     from fastmace.runner import RunnerConfig
     from fastmace.simulation import MDResult
-
-Structure = ase.Atoms | Sequence[ase.Atoms] | str | os.PathLike[str]
-
-
-def read_structures(
-    structure: Structure, repeat: Sequence[int] | int | None = None, index: str | int = -1
-) -> list[ase.Atoms]:
-    """``structure`` as a list of ASE structures, each repeated ``repeat`` times if given.
-
-    A path is read with ``ase.io.read`` (any format ASE reads; ``index`` picks frames, the
-    last one by default). ``repeat`` builds a supercell explicitly: FastMACE never enlarges a
-    cell on its own.
-    """
-    if isinstance(structure, str | os.PathLike):
-        path = Path(structure).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"no structure file {path}")
-        read = ase.io.read(path, index=index)
-        structures = read if isinstance(read, list) else [read]
-    elif isinstance(structure, ase.Atoms):
-        structures = [structure]
-    else:
-        structures = list(structure)
-        if not all(isinstance(item, ase.Atoms) for item in structures):
-            raise TypeError("structure must be ase.Atoms, a list of them, or a file path")
-    structures = [atoms.copy() for atoms in structures]  # never modify the caller's objects
-    if repeat is not None:
-        counts = (repeat,) * 3 if isinstance(repeat, int) else tuple(repeat)
-        if len(counts) != 3 or any(int(n) < 1 for n in counts):
-            raise ValueError(f"repeat must be three positive integers, got {repeat!r}")
-        structures = [atoms.repeat(counts) for atoms in structures]
-    return structures
 
 
 def _pressure_GPa(settings: dict[str, Any]) -> float | None:
@@ -194,9 +159,6 @@ def md(
     arguments.update(ensemble_settings)
     if check not in (None, "gate"):
         raise ValueError(f"check must be None or 'gate', got {check!r}")
-    from fastmace.models.files import check_trust_options
-
-    check_trust_options(sha256, trusted)
     if "capture" in ensemble_settings:
         raise TypeError("fm.md's capture= is now graphs=, the name EngineConfig and the plan use")
     unknown = sorted(set(ensemble_settings) - set(ENSEMBLE_SETTINGS))
@@ -205,13 +167,20 @@ def md(
             f"fm.md got unknown arguments {', '.join(unknown)}; the ensemble settings are: "
             f"{', '.join(ENSEMBLE_SETTINGS)}"
         )
+    from fastmace.preflight import check_request
     from fastmace.runner import RunnerConfig, run_in_subprocess, runner_record
 
     runner = RunnerConfig() if runner is None else runner
     if not isinstance(runner, RunnerConfig):
         raise TypeError(f"runner must be an fm.RunnerConfig or None, got {runner!r}")
+    config = engine_config(
+        config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,
+        graphs=graphs, matmul_precision=matmul_precision, guard=guard,
+    )  # fmt: skip
+    # Everything that can be checked before a model is loaded or a directory created.
+    request = check_request(structure, arguments, runner.environment)
     if runner.subprocess and not _in_child_process:
-        return run_in_subprocess(arguments, read_structures(structure), runner, progress)
+        return run_in_subprocess(arguments, request.units, runner, progress)
     from fastmace.dynamics.ensembles import ensemble as make_ensemble
     from fastmace.io import OutputSchedule
     from fastmace.models.load import load
@@ -223,19 +192,16 @@ def md(
 
         saved = saved_timestep_fs(output) if resume else None
         timestep_fs = DEFAULT_TIMESTEP_FS if saved is None else saved
-    units = read_structures(structure)
-    structures = read_structures(units, repeat)  # the file is read once
+    units, structures = request.units, request.structures
     if initial_temperature_K is None and not resume:
         has_velocities = any(abs(atoms.get_velocities()).max() > 0 for atoms in structures)
         if not has_velocities:
             initial_temperature_K = ensemble_settings.get("temperature_K")
+    if trajectory_format == "none":
+        trajectory_every = 0  # "none" writes no frames, whatever the interval says
     from fastmace.machine import probe_availabilities
     from fastmace.planner import Workload, make_plan
 
-    config = engine_config(
-        config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,
-        graphs=graphs, matmul_precision=matmul_precision, guard=guard,
-    )  # fmt: skip
     workload = Workload.from_structures(
         structures, ensemble=chosen.name, temperature_K=chosen.settings.get("temperature_K"),
         pressure_GPa=_pressure_GPa(chosen.settings), steps=steps, timestep_fs=timestep_fs,

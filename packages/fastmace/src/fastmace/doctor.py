@@ -247,6 +247,21 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
+def check_environment_variables(ctx: DoctorContext) -> str:
+    bad = environment.problems(ctx.environ)
+    if bad:
+        them = "it" if len(bad) == 1 else "them"
+        raise CheckFailed(
+            "; ".join(str(error) for error in bad)
+            + f". Correct or unset {them} (docs/environment.md lists the values); runs refuse "
+            "to start until then"
+        )
+    given = [variable.name for variable in environment.READ if ctx.environ.get(variable.name)]
+    if not given:
+        return "none of the variables FastMACE reads is set"
+    return f"{', '.join(given)} set, with usable values"
+
+
 def check_cache_root_location(ctx: DoctorContext) -> str:
     fix = "set FASTMACE_CACHE to a writable directory outside the environment"
     try:
@@ -341,6 +356,7 @@ CHECKS = (
         False,
         _optional_package("torch-dftd", "needed for the D3 reference: pip install 'fastmace[d3]'"),
     ),
+    DoctorCheck("environment", True, check_environment_variables),
     DoctorCheck("cache root", True, check_cache_root_location),
     DoctorCheck("file locks", True, check_file_locks),
     DoctorCheck("model files", False, check_model_files),

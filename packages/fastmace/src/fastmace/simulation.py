@@ -256,7 +256,10 @@ class Simulation:
             rows = thermo_rows(md, self.potential, edges, step, time_fs)
         if self.output is None:
             return rows
-        if schedule.trajectory_due(step) or (final and schedule.trajectory_every):
+        writes_frames = self.output.trajectory_path is not None  # not with format "none"
+        if writes_frames and (
+            schedule.trajectory_due(step) or (final and schedule.trajectory_every)
+        ):
             atoms = md.state.to_atoms()
             energies = md.energy.detach().cpu().numpy()
             forces = md.forces.detach().cpu().numpy()

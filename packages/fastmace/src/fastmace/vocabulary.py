@@ -49,17 +49,43 @@ ENSEMBLE_ALIASES = {
 ENSEMBLE_SETTINGS = tuple(dict.fromkeys(s for takes in ENSEMBLE_TAKES.values() for s in takes))
 """Every ensemble setting, as keyword arguments of fm.md and keys of a run config."""
 DEFAULT_ENSEMBLE = "nvt"
+CELL_MODES = ("isotropic", "per_axis", "full")
+"""How the NPT barostat may deform the cell (``cell_mode``)."""
+
+
+class EnsembleError(ValueError):
+    """An unknown ensemble, a setting it does not take, or one it needs and lacks."""
 
 
 def canonical_ensemble(name: str) -> str:
-    """The canonical name of ensemble ``name`` (or an alias); ValueError if there is none."""
+    """The canonical name of ensemble ``name`` (or an alias); EnsembleError if there is none."""
     if not isinstance(name, str):
-        raise ValueError(f"ensemble must be a name, got {name!r}")
+        raise EnsembleError(f"ensemble must be a name, got {name!r}")
     canonical = ENSEMBLE_ALIASES.get(name.lower(), name.lower())
     if canonical not in ENSEMBLE_TAKES:
         choices = ", ".join([*ENSEMBLES, *ENSEMBLE_ALIASES])
-        raise ValueError(f"unknown ensemble {name!r}; choose one of: {choices}")
+        raise EnsembleError(f"unknown ensemble {name!r}; choose one of: {choices}")
     return canonical
+
+
+def bind_ensemble(name: str, settings: dict[str, object]) -> tuple[str, dict[str, object]]:
+    """The canonical name of ensemble ``name`` and those of ``settings`` that are not None.
+
+    EnsembleError for an unknown name, a setting the ensemble does not take, or a thermostat
+    without ``temperature_K``. The values themselves are checked elsewhere.
+    """
+    canonical = canonical_ensemble(name)
+    accepted = ENSEMBLE_TAKES[canonical]
+    given = {key: value for key, value in settings.items() if value is not None}
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        takes = ", ".join(accepted) if accepted else "no settings"
+        raise EnsembleError(
+            f"the {canonical} ensemble does not take {', '.join(unknown)}; it takes: {takes}"
+        )
+    if needs_temperature(canonical) and "temperature_K" not in given:
+        raise EnsembleError(f"the {canonical} ensemble needs a temperature (temperature_K)")
+    return canonical, given
 
 
 def needs_temperature(ensemble: str) -> bool:

@@ -4,6 +4,8 @@ Both call :func:`fastmace.md` with the same settings; a run directory is always 
 (default: ``md-<structure name>-<date>-<time>`` in the working directory) and never
 overwritten. The config file's keys are ``fm.md``'s keyword arguments plus ``structure``,
 ``subprocess`` and an ``[environment]`` table (``fm.RunnerConfig``); unknown keys are refused.
+A refused request names the flag it was given as (``fastmace md``) or the config file
+(``fastmace run``), and an occupied run directory says how to resume in that command's words.
 docs/md.md describes both.
 """
 
@@ -21,6 +23,7 @@ from fastmace.vocabulary import (
     ENSEMBLE_SETTINGS,
     ENSEMBLES,
     MATMUL_PRECISIONS,
+    EnsembleError,
 )
 
 # Keys of a run config (TOML) besides the ensemble settings: fm.md's other arguments.
@@ -99,7 +102,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "--env", action="append", type=_variable, dest="environment", metavar="NAME=VALUE",
         help="an extra variable for the run's child processes (repeatable)",
     )  # fmt: skip
-    md.set_defaults(handler=_md)
+    # The flag of each setting, for messages about a setting given on the command line.
+    flags = {a.dest: a.option_strings[0] for a in md._actions if a.option_strings}
+    md.set_defaults(handler=_md, flags=flags)
 
     run = commands.add_parser("run", help="run MD described by a TOML file (docs/md.md)")
     run.add_argument("config", help="TOML file with fm.md's settings and a structure path")
@@ -131,8 +136,10 @@ def _default_output(structure: str) -> str:
     return f"md-{Path(structure).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _execute(settings: dict[str, Any]) -> int:
+def _execute(settings: dict[str, Any], resume_how: str) -> int:
+    """Run fm.md with ``settings``; ``resume_how`` tells the user how to continue a run."""
     import fastmace
+    from fastmace.io import OccupiedRunDirectoryError
 
     structure = settings.pop("structure")
     if not settings.get("output"):
@@ -140,12 +147,17 @@ def _execute(settings: dict[str, Any]) -> int:
     in_child, environment = settings.pop("subprocess", False), settings.pop("environment", {})
     if in_child or environment:
         settings["runner"] = fastmace.RunnerConfig(subprocess=in_child, environment=environment)
-    result = fastmace.md(structure, **settings)
+    try:
+        result = fastmace.md(structure, **settings)
+    except OccupiedRunDirectoryError as error:
+        raise error.advising(resume_how) from None
     print(result.report, end="")
     return 0
 
 
 def _md(args: argparse.Namespace) -> int:
+    from fastmace.preflight import RequestError
+
     options = {key: value for key, value in vars(args).items()
                if key in RUN_KEYS or key in RUNNER_KEYS or key in ENSEMBLE_SETTINGS}  # fmt: skip
     options = {key: value for key, value in options.items() if value is not None}
@@ -153,7 +165,13 @@ def _md(args: argparse.Namespace) -> int:
         options["environment"] = dict(options["environment"])
     if "guard" in options:
         options["guard"] = dict(options["guard"])
-    return _execute(options)
+    try:
+        return _execute(options, resume_how="--resume (the same command with --resume added)")
+    except RequestError as error:
+        flag = args.flags.get(error.setting or "")
+        if flag is None:
+            raise
+        raise type(error)(f"{error} (given as {flag})", error.setting) from None
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -173,6 +191,11 @@ def read_config(path: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"cannot read the run config {path}: {error}") from None
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{path} is not valid TOML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not a run config: it holds bytes that are not UTF-8 text (at byte "
+            f"{error.start}), and a run config is a TOML text file (docs/md.md shows one)"
+        ) from None
     known = set(RUN_KEYS) | set(RUNNER_KEYS) | set(ENSEMBLE_SETTINGS)
     unknown = sorted(set(config) - known)
     if unknown:
@@ -185,11 +208,49 @@ def read_config(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: sha256 = {config['sha256']!r} must be a string of 64 hex digits")
     if "structure" not in config:
         raise ValueError(f"{path}: the key 'structure' (a structure file) is required")
+    _check_kinds(path, config)
     for key in ("structure", "output", "checkpoint"):
         if key in config and not Path(config[key]).expanduser().is_absolute():
             config[key] = str(path.parent / config[key])
     return config
 
 
+def _check_kinds(path: Path, config: dict[str, Any]) -> None:
+    """Refuse values of the wrong kind (``temperature_K = "hot"``), naming the file."""
+    from fastmace.preflight import RequestError, RequestTypeError, check_arguments
+
+    if not isinstance(config["structure"], str) or not config["structure"]:
+        raise RequestTypeError(
+            f"{path}: structure = {config['structure']!r} is not allowed: give the path of a "
+            'structure file, as a string (structure = "NaCl.cif")',
+            "structure",
+        )
+    if "subprocess" in config and not isinstance(config["subprocess"], bool):
+        raise RequestTypeError(
+            f"{path}: subprocess = {config['subprocess']!r} must be true or false", "subprocess"
+        )
+    if "environment" in config and not isinstance(config["environment"], dict):
+        raise RequestTypeError(
+            f"{path}: environment must be a table of variables ([environment] with NAME = "
+            f'"value" lines), got {config["environment"]!r}',
+            "environment",
+        )
+    arguments = {key: value for key, value in config.items() if key not in RUNNER_KEYS}
+    try:
+        check_arguments(arguments, look=False)  # the files are looked at once paths resolve
+    except RequestError as error:
+        raise type(error)(f"{path}: {error}", error.setting) from None
+    except EnsembleError as error:
+        raise EnsembleError(f"{path}: {error}") from None
+
+
 def _run(args: argparse.Namespace) -> int:
-    return _execute(read_config(Path(args.config)))
+    from fastmace.preflight import RequestError
+
+    path = Path(args.config)
+    try:
+        return _execute(read_config(path), resume_how=f"resume = true in {path}")
+    except RequestError as error:
+        if str(error).startswith(f"{path}:"):
+            raise
+        raise type(error)(f"{path}: {error}", error.setting) from None

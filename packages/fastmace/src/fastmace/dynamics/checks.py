@@ -22,19 +22,23 @@ class StructureError(ValueError):
 
 def check_structures(
     structures: Sequence[ase.Atoms],
-    model_species: Iterable[int],
+    model_species: Iterable[int] | None,
     min_distance_A: float = MIN_DISTANCE_A,
 ) -> None:
-    """Raise StructureError for the first problem found in any of ``structures``."""
+    """Raise StructureError for the first problem found in any of ``structures``.
+
+    ``model_species`` None skips the one check that needs the model (its elements): fm.md
+    checks the rest before loading it.
+    """
     if not structures:
         raise StructureError("no structure given")
-    known = set(int(z) for z in model_species)
+    known = None if model_species is None else set(int(z) for z in model_species)
     for index, atoms in enumerate(structures):
         where = f"structure {index}" if len(structures) > 1 else "the structure"
         _check_one(atoms, where, known, min_distance_A)
 
 
-def _check_one(atoms: ase.Atoms, where: str, known: set[int], min_distance: float) -> None:
+def _check_one(atoms: ase.Atoms, where: str, known: set[int] | None, min_distance: float) -> None:
     if len(atoms) == 0:
         raise StructureError(f"{where} has no atoms")
     positions = atoms.get_positions()
@@ -42,10 +46,10 @@ def _check_one(atoms: ase.Atoms, where: str, known: set[int], min_distance: floa
         bad = np.flatnonzero(~np.isfinite(positions).all(axis=1))
         raise StructureError(f"{where} has non-finite positions (atoms {bad[:10].tolist()})")
     _check_velocities(atoms, where)
-    unknown = sorted(set(atoms.get_atomic_numbers().tolist()) - known)
+    unknown = [] if known is None else sorted(set(atoms.get_atomic_numbers().tolist()) - known)
     if unknown:
         names = ", ".join(chemical_symbols[z] for z in unknown)
-        model = ", ".join(chemical_symbols[z] for z in sorted(known))
+        model = ", ".join(chemical_symbols[z] for z in sorted(known or ()))
         raise StructureError(
             f"{where} contains {names}, which the model does not cover; its elements are: "
             f"{model}. Choose a model trained on these elements"

@@ -18,10 +18,12 @@ from fastmace.dynamics.state import State
 from fastmace.vocabulary import (
     ENSEMBLE_TAKES,
     ENSEMBLES,
-    canonical_ensemble,
-    needs_temperature,
+    EnsembleError,
+    bind_ensemble,
     takes_pressure,
 )
+
+__all__ = ["Ensemble", "EnsembleError", "ensemble"]
 
 # name -> (init, step, stochastic); what each takes is in fastmace.vocabulary.ENSEMBLE_TAKES.
 _TABLE: dict[str, tuple[Callable, Callable, bool]] = {
@@ -34,10 +36,6 @@ _TABLE: dict[str, tuple[Callable, Callable, bool]] = {
     "npt": (integrators.npt_init, integrators.npt_step, True),
 }  # fmt: skip
 assert tuple(_TABLE) == ENSEMBLES, "one integrator per ensemble of fastmace.vocabulary"
-
-
-class EnsembleError(ValueError):
-    """An unknown ensemble or a setting it does not take."""
 
 
 @dataclass(frozen=True)
@@ -83,18 +81,4 @@ class Ensemble:
 
 def ensemble(name: str, **settings: Any) -> Ensemble:
     """The ensemble ``name`` (or an alias) with ``settings``; None values are left out."""
-    try:
-        canonical = canonical_ensemble(name)
-    except ValueError as error:
-        raise EnsembleError(str(error)) from None
-    accepted = ENSEMBLE_TAKES[canonical]
-    given = {key: value for key, value in settings.items() if value is not None}
-    unknown = sorted(set(given) - set(accepted))
-    if unknown:
-        takes = ", ".join(accepted) if accepted else "no settings"
-        raise EnsembleError(
-            f"the {canonical} ensemble does not take {', '.join(unknown)}; it takes: {takes}"
-        )
-    if needs_temperature(canonical) and "temperature_K" not in given:
-        raise EnsembleError(f"the {canonical} ensemble needs a temperature (temperature_K)")
-    return Ensemble(canonical, given)
+    return Ensemble(*bind_ensemble(name, settings))

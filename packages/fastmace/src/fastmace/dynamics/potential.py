@@ -36,7 +36,6 @@ import ase
 import numpy as np
 import torch
 
-from fastmace.dynamics.module_copy import weight_sharing_copy
 from fastmace.dynamics.edges import (
     Edges,
     edge_vectors,
@@ -44,6 +43,7 @@ from fastmace.dynamics.edges import (
     systems_of,
     systems_of_atoms,
 )
+from fastmace.dynamics.module_copy import weight_sharing_copy
 from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
 from fastmace.dynamics.state import State
 from fastmace.models.backends import rounding_tolerances

@@ -7,13 +7,19 @@ nothing here imports torch. Start with :meth:`RunDirectory.create` or
 
 from fastmace.io.progress import Progress
 from fastmace.io.restart import Restart, RestartFormatError, load_restart, save_restart
-from fastmace.io.run_directory import RunDirectory, RunDirectoryError, RunOutput
+from fastmace.io.run_directory import (
+    OccupiedRunDirectoryError,
+    RunDirectory,
+    RunDirectoryError,
+    RunOutput,
+)
 from fastmace.io.schedule import OutputSchedule
 from fastmace.io.thermo import STANDARD_COLUMNS as THERMO_COLUMNS
 from fastmace.io.trajectory import choose_format, read_trajectory
 
 __all__ = [
     "THERMO_COLUMNS",
+    "OccupiedRunDirectoryError",
     "OutputSchedule",
     "Progress",
     "Restart",

@@ -16,6 +16,7 @@ and :meth:`RunDirectory.resume` continues it from its last restart.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,23 @@ RUN_VERSION = 1
 
 class RunDirectoryError(RuntimeError):
     """A run directory cannot be created or resumed as asked."""
+
+
+class OccupiedRunDirectoryError(RunDirectoryError):
+    """A new run was asked for in a directory that already holds output."""
+
+    def __init__(self, path: Path, entries: list[str], resume_how: str = "resume=True") -> None:
+        self.path = path
+        self.entries = entries
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        super().__init__(
+            f"run directory {path} already holds output ({shown}) and is never overwritten; "
+            f"choose another directory, or continue that run with {resume_how}"
+        )
+
+    def advising(self, resume_how: str) -> OccupiedRunDirectoryError:
+        """The same error, telling how to resume in the caller's words (``--resume``...)."""
+        return OccupiedRunDirectoryError(self.path, self.entries, resume_how)
 
 
 @dataclass(frozen=True)
@@ -114,6 +132,11 @@ class RunDirectory:
             create_exclusive(directory.settings_path, document)
         except FileExistsError:
             raise directory._occupied_error(["run.json"]) from None
+        except OSError as error:  # the file name would be our hidden temporary's: say where
+            raise RunDirectoryError(
+                f"cannot write in run directory {directory.path}: {error.strerror or error}; "
+                "choose a directory you can write to, or change its permissions"
+            ) from None
         return RunOutput(directory, settings, restart=None)
 
     @classmethod
@@ -152,7 +175,9 @@ class RunDirectory:
                     "or repair the file"
                 ) from error
 
-    def _claim_empty(self) -> None:
+    def check_can_create(self) -> None:
+        """Raise what :meth:`create` would about the place, creating nothing: a file in the
+        way, output already there (:class:`OccupiedRunDirectoryError`), or no right to write."""
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(
                 f"run directory {self.path} is a file; choose a directory path for the output"
@@ -161,18 +186,40 @@ class RunDirectory:
             entries = sorted(entry.name for entry in self.path.iterdir())
             if entries:
                 raise self._occupied_error(entries)
+        existing = _nearest_existing(self.path)
+        if not existing.is_dir():
+            raise RunDirectoryError(
+                f"cannot create run directory {self.path}: {existing} is a file, not a "
+                "directory; choose another path for the output"
+            )
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise RunDirectoryError(
+                f"cannot create run directory {self.path}: this process may not write in "
+                f"{existing} ({_why_not_writable(existing)}); choose a directory you can write "
+                "to, or change its permissions"
+            )
+
+    def check_can_resume(self) -> None:
+        """Raise what :meth:`resume` would about the directory before reading its restart."""
+        self._read_settings()
+        if not self.restart_path.is_file():
+            raise RunDirectoryError(
+                f"{self.path} has no restart file yet, so there is nothing to resume "
+                "from; start the run again in a new directory"
+            )
+
+    def _claim_empty(self) -> None:
+        self.check_can_create()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise RunDirectoryError(f"cannot create run directory {self.path}: {error}") from None
+            raise RunDirectoryError(
+                f"cannot create run directory {self.path}: {error.strerror or error}; choose a "
+                "directory you can write to"
+            ) from None
 
-    def _occupied_error(self, entries: list[str]) -> RunDirectoryError:
-        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-        return RunDirectoryError(
-            f"run directory {self.path} already holds output ({shown}) and is never "
-            "overwritten; choose another directory, or continue that run with "
-            "RunDirectory.resume"
-        )
+    def _occupied_error(self, entries: list[str]) -> OccupiedRunDirectoryError:
+        return OccupiedRunDirectoryError(self.path, entries)
 
     def _read_settings(self) -> dict[str, Any]:
         if not self.path.is_dir():
@@ -191,6 +238,22 @@ class RunDirectory:
                 f"{self.settings_path} is not a version-{RUN_VERSION} FastMACE run description"
             )
         return settings
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _why_not_writable(directory: Path) -> str:
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return "it is on a read-only file system"
+    except OSError:
+        pass
+    return "no write permission, or the directory is immutable"
 
 
 class RunOutput:

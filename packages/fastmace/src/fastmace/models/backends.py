@@ -25,6 +25,7 @@ from fastmace.models.checkpoint import (
     model_device,
     model_dtype,
 )
+from fastmace.models.quiet import library_noise_silenced
 from fastmace.models.reference import check_structure, evaluate
 from fastmace.vocabulary import BACKENDS
 
@@ -110,7 +111,8 @@ def convert(
     if not found.available:
         raise BackendUnavailableError(f"the {backend} backend is unavailable: {found.reason}")
     dtype = model_dtype(model) if dtype is None else dtype
-    source = copy.deepcopy(model).to(device=device, dtype=dtype)
+    with library_noise_silenced():  # deepcopy of scripted modules: torch.jit.save/load
+        source = copy.deepcopy(model).to(device=device, dtype=dtype)
     if backend == "e3nn":
         return source.eval()
     import_mace()

@@ -13,12 +13,13 @@ import contextlib
 import hashlib
 import io
 import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from fastmace.models.quiet import library_noise_silenced
 
 if TYPE_CHECKING:
     from fastmace.models.files import ModelFile
@@ -31,11 +32,12 @@ class NotAMaceModelError(ValueError):
 @contextlib.contextmanager
 def contained() -> Iterator[None]:
     """Undo what mace-torch and its libraries do to the process: default dtype, environment
-    variables (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` above all), warning filters."""
+    variables (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` above all), warning filters; the libraries'
+    warnings about their own code are not shown (:mod:`fastmace.models.quiet`)."""
     dtype = torch.get_default_dtype()
     environ = dict(os.environ)
     try:
-        with warnings.catch_warnings():
+        with library_noise_silenced():  # a catch_warnings(): the user's filters come back
             yield
     finally:
         torch.set_default_dtype(dtype)

@@ -88,6 +88,14 @@ def read_checkpoint_bytes(path: Path) -> bytes:
         raise ModelFileError(f"cannot read the checkpoint file {path}: {error}") from error
 
 
+def unvouched_file_error(path: Path) -> ModelFileError:
+    """The refusal of a file with neither a known SHA-256 nor the user's trust."""
+    return ModelFileError(
+        f"{path} has no known SHA-256, and loading a pickled checkpoint runs code from it: "
+        "pass sha256='<its hash>' to check it, or trusted=True if you trust the file"
+    )
+
+
 def verify(path: Path, expected: str | None, source: str, trusted: bool = False) -> ModelFile:
     """Read ``path`` once and accept its bytes if their hash matches ``expected``, or if the
     user trusts the file. The returned record carries those bytes: load them, not the path."""
@@ -100,10 +108,7 @@ def verify(path: Path, expected: str | None, source: str, trusted: bool = False)
     if trusted:
         return ModelFile(path, source, actual, verified=False, content=content)
     if expected is None:
-        raise ModelFileError(
-            f"{path} has no known SHA-256, and loading a pickled checkpoint runs code from it: "
-            "pass sha256='<its hash>' to check it, or trusted=True if you trust the file"
-        )
+        raise unvouched_file_error(path)
     raise ChecksumMismatchError(
         f"{path} ({source}) has SHA-256 {actual}, but {expected.lower()} was expected; the file "
         "is not the one it claims to be (damaged, partial, or another model). Nothing was deleted: "
@@ -128,6 +133,37 @@ def _search_places(
     return places
 
 
+def find_label_file(
+    checkpoint: Checkpoint,
+    explicit: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, Path]:
+    """Where a label's file is, as (source, path), in the documented order, without reading it.
+
+    ModelFileError names the places searched and how to get the file; nothing is downloaded.
+    """
+    if explicit is not None:
+        return "checkpoint=", Path(explicit)
+    searched = []
+    for source, path in _search_places(checkpoint, environ):
+        if path is None:
+            searched.append(f"{source} (unset)")
+            continue
+        searched.append(str(path))
+        if path.is_file() and path.stat().st_size > 0:
+            return source, path
+    how = (
+        f"fetch it once with fm.load({checkpoint.id!r}, download=True) or "
+        f"`fastmace models fetch {checkpoint.id}`, or give checkpoint=PATH"
+        if checkpoint.url
+        else "reinstall fastmace"
+    )
+    raise ModelFileError(
+        f"the file of {checkpoint.id} ({checkpoint.file}) was not found in: "
+        f"{', '.join(searched)}; {how}"
+    )
+
+
 def locate_label_file(
     checkpoint: Checkpoint,
     explicit: Path | None = None,
@@ -139,28 +175,16 @@ def locate_label_file(
     """The verified file of a label-table checkpoint, found in the documented order."""
     if explicit is not None:
         return verify(Path(explicit), checkpoint.sha256, "checkpoint=", trusted)
-    searched = []
-    for source, path in _search_places(checkpoint, environ):
-        if path is None:
-            searched.append(f"{source} (unset)")
-            continue
-        searched.append(str(path))
-        if path.is_file() and path.stat().st_size > 0:
-            return verify(path, checkpoint.sha256, source)
-    if download and checkpoint.url:
-        target = cache_dir("models", environ=environ) / checkpoint.file
-        download_file(checkpoint.url, target, checkpoint.sha256, progress=progress)
-        return verify(target, checkpoint.sha256, "downloaded")
-    how = (
-        f"fetch it once with fm.load({checkpoint.id!r}, download=True) or "
-        f"`fastmace models fetch {checkpoint.id}`, or give checkpoint=PATH"
-        if checkpoint.url
-        else "reinstall fastmace"
-    )
-    raise ModelFileError(
-        f"the file of {checkpoint.id} ({checkpoint.file}) was not found in: "
-        f"{', '.join(searched)}; {how}"
-    )
+    try:
+        source, path = find_label_file(checkpoint, environ=environ)
+    except ModelFileError:
+        if not (download and checkpoint.url):
+            raise
+    else:
+        return verify(path, checkpoint.sha256, source)
+    target = cache_dir("models", environ=environ) / checkpoint.file
+    download_file(checkpoint.url, target, checkpoint.sha256, progress=progress)
+    return verify(target, checkpoint.sha256, "downloaded")
 
 
 def locate_url(

@@ -13,6 +13,7 @@ when a new version changes the loader.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -27,9 +28,24 @@ Provider = Callable[[Callable[..., ModuleType], list, dict[str, Any]], ModuleTyp
 
 
 @contextlib.contextmanager
+def _quiet_import_log() -> Iterator[None]:
+    """torch logs "No CUDA runtime is found, using CUDA_HOME=..." when cpp_extension is first
+    imported on a machine without a GPU: nothing is built there, so the line says nothing to
+    the user. Its logger's level is raised for the import only, then put back."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
 def intercepting_extension_load(provide: Provider) -> Iterator[None]:
     """Within the block, ``cpp_extension.load("libtorch_tp_jit", ...)`` calls ``provide``."""
-    import torch.utils.cpp_extension as cpp_extension
+    with _quiet_import_log():
+        import torch.utils.cpp_extension as cpp_extension
 
     real_load = cpp_extension.load
 

@@ -27,6 +27,7 @@ import os
 import secrets
 import shutil
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import util as importlib_util
@@ -45,6 +46,8 @@ from fastmace.runtime import environment
 from fastmace.runtime.cache import cache_dir, cache_root
 
 PREBUILT, IN_PROCESS, UNAVAILABLE, FAILED = "prebuilt", "in-process", "unavailable", "failed"
+# The start of OpenEquivariance 0.7.0's warning when its extension load raised.
+_OEQ_FALLBACK_NOTICE = "Precompiled extension shared object not found"
 
 
 @dataclass
@@ -217,5 +220,13 @@ def importing_openequivariance() -> Iterator[None]:
     if prepared is None or prepared.how != "not loaded yet" or LOADER_MODULE in sys.modules:
         yield
         return
-    with _variables_set(prepared.variables), intercepting_extension_load(_provide):
+    # When FastMACE's answer is "unavailable" (no GPU, say), OEq warns that it falls back to a
+    # JIT build that may wait 5 minutes for a lock: FastMACE never starts that build. The
+    # reason is kept in record() (metadata.json), and the plan says it.
+    with (
+        _variables_set(prepared.variables),
+        intercepting_extension_load(_provide),
+        warnings.catch_warnings(),
+    ):
+        warnings.filterwarnings("ignore", message=_OEQ_FALLBACK_NOTICE, category=UserWarning)
         yield

@@ -220,9 +220,31 @@ def cuda_cache_path(environ: Mapping[str, str] | None = None) -> Path:
     return explicit if explicit is not None else home(environ) / ".nv" / "ComputeCache"
 
 
+def problems(environ: Mapping[str, str] | None = None) -> list[EnvironmentVariableError]:
+    """Every variable FastMACE reads that holds a value it cannot use; empty when all are fine.
+
+    A run checks this before it starts (and ``fastmace doctor`` reports it): ``import
+    fastmace`` itself never raises for a bad value, so that the message reaches the user.
+    """
+    found = []
+    for parse in _PARSERS:
+        try:
+            parse(environ)
+        except EnvironmentVariableError as error:
+            found.append(error)
+    return found
+
+
 def cuda_cache_disable(environ: Mapping[str, str] | None = None) -> str | None:
     """CUDA_CACHE_DISABLE as the user set it; any value counts as the user's decision."""
     return _env(environ).get(CUDA_CACHE_DISABLE.name)
+
+
+# The parsers of the variables of READ whose values can be wrong (the others take any value).
+_PARSERS = (
+    soft_file_locks, oeq_prebuilt, cache_override, models_directory, cuda_driver_library,
+    max_jobs, torch_extensions_dir, cuda_cache_path,
+)  # fmt: skip
 
 
 def inductor_default_cache_dir() -> str:

@@ -39,7 +39,11 @@ def _decide_cuda_cache(
     environ: MutableMapping[str, str] | None,
     mounts: list[Mount] | None,
 ) -> tuple[str, str, str, bool]:
-    path = environment.cuda_cache_path(environ)
+    try:
+        path = environment.cuda_cache_path(environ)
+    except environment.EnvironmentVariableError as error:
+        # Not raised here: an import error would hide the message (and `fastmace doctor`).
+        return "left alone", f"{error} (a run refuses it)", error.value, False
     nfs = nfs_mount_of(path, mounts)
     if soft_setting is False:
         return (
@@ -66,11 +70,16 @@ def apply_at_import(
 ) -> RuntimeInfo:
     """Switch PyTorch's file locks and the CUDA driver cache as docs/environment.md says.
 
-    Raises ValueError for a bad FASTMACE_SOFT_FILE_LOCKS and RuntimeError when soft locks
-    are demanded (=1) but torch was imported first. ``mounts`` defaults to /proc/self/mounts.
+    A bad value of FASTMACE_SOFT_FILE_LOCKS or CUDA_CACHE_PATH counts as unset here and is
+    named in the reasons; runs refuse it and ``fastmace doctor`` reports it
+    (:func:`fastmace.runtime.environment.problems`). Raises RuntimeError when soft locks are
+    demanded (=1) but torch was imported first. ``mounts`` defaults to /proc/self/mounts.
     """
     loaded = sys.modules if loaded_modules is None else loaded_modules
-    setting = environment.soft_file_locks(environ)
+    try:
+        setting, invalid = environment.soft_file_locks(environ), None
+    except environment.EnvironmentVariableError as error:
+        setting, invalid = None, f"{error} (taken as unset; a run refuses it)"
     torch_first = "torch" in loaded
     late = False
     if setting is False:
@@ -92,7 +101,9 @@ def apply_at_import(
         # modules that later run `from filelock import FileLock` (torch, too) get the soft lock.
         filelock.FileLock = filelock.SoftFileLock  # type: ignore[misc]
         mode = "soft"
-        reason = "FASTMACE_SOFT_FILE_LOCKS=1" if setting else "FASTMACE_SOFT_FILE_LOCKS unset"
+        reason = invalid or (
+            "FASTMACE_SOFT_FILE_LOCKS=1" if setting else "FASTMACE_SOFT_FILE_LOCKS unset"
+        )
     cuda_cache, cuda_reason, cuda_path, cuda_nfs = _decide_cuda_cache(setting, environ, mounts)
     return RuntimeInfo(mode, reason, late, cuda_cache, cuda_reason, cuda_path, cuda_nfs)
 

@@ -42,9 +42,9 @@ from fastmace.dynamics.integrators.validation import (
     per_system,
 )
 from fastmace.dynamics.state import State
+from fastmace.vocabulary import CELL_MODES
 
 CellMode = Literal["isotropic", "per_axis", "full"]
-CELL_MODES: tuple[str, ...] = ("isotropic", "per_axis", "full")
 
 
 @dataclass

@@ -1,0 +1,161 @@
+"""Checks of an ensemble's settings and of what it needs from the structures, without torch.
+
+The integrators check the same bounds when they start (:mod:`fastmace.dynamics.integrators`),
+but only after the model is loaded and the run directory exists; :func:`check_settings` runs
+before either, so that a bad setting leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ase
+
+from fastmace.preflight.values import RequestError, number, one_of, per_system, whole
+from fastmace.vocabulary import CELL_MODES, MAX_TIMESTEP_FS, bind_ensemble, takes_pressure
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The values a setting takes: finite, and above ``lower`` (or the timestep) if given."""
+
+    unit: str
+    lower: float | None = None
+    strict: bool = False
+    """The bound itself is excluded (``> lower`` rather than ``>= lower``)."""
+    at_least_timestep: bool = False
+
+    def check(self, name: str, value: Any, timestep_fs: float) -> list[float]:
+        values = per_system(name, value, self.unit)
+        lower = timestep_fs if self.at_least_timestep else self.lower
+        if lower is None:
+            return values
+        for item in values:
+            if item < lower or (self.strict and item == lower):
+                relation = ">" if self.strict else ">="
+                what = " (the timestep)" if self.at_least_timestep else ""
+                raise RequestError(
+                    f"{name}={item:g} {self.unit} is not allowed: it must be {relation} "
+                    f"{lower:g} {self.unit}{what}",
+                    name,
+                )
+        return values
+
+
+# What each numeric setting takes (as the integrators' init functions check it).
+BOUNDS = {
+    "temperature_K": Bound("K", 0.0),
+    "friction_per_ps": Bound("1/ps", 0.0),
+    "tau_fs": Bound("fs", 0.0, strict=True),
+    "thermostat_tau_fs": Bound("fs", 0.0, strict=True),
+    "barostat_tau_fs": Bound("fs", at_least_timestep=True),
+    "compressibility_per_GPa": Bound("1/GPa", 0.0, strict=True),
+    "pressure_GPa": Bound("GPa"),
+    "pressure_bar": Bound("bar"),
+    "initial_temperature_K": Bound("K", 0.0),  # fm.md's, for the velocities it draws
+}
+# Where an ensemble asks more: the Nose-Hoover chain's masses grow with T and tau^2.
+STRICTER = {
+    ("nvt-nose-hoover", "temperature_K"): Bound("K", 0.0, strict=True),
+    ("nvt-nose-hoover", "tau_fs"): Bound("fs", at_least_timestep=True),
+}
+# Thermostats that only rescale velocities: they cannot heat a system at rest.
+RESCALING = ("nvt-csvr", "npt")
+
+
+def check_timestep(timestep_fs: Any) -> float:
+    """The timestep in fs, in (0, MAX_TIMESTEP_FS]."""
+    value = number("timestep_fs", timestep_fs, "fs")
+    if not 0.0 < value <= MAX_TIMESTEP_FS:
+        raise RequestError(
+            f"timestep_fs={timestep_fs!r} is not allowed: it must be in (0, {MAX_TIMESTEP_FS:g}] "
+            "fs. Give the timestep in femtoseconds (typical: 0.5 to 2 fs), not in ASE time units",
+            "timestep_fs",
+        )
+    return value
+
+
+def check_settings(name: str, settings: Mapping[str, Any], timestep_fs: float) -> str:
+    """The canonical ensemble of ``name``, once its settings are known and in bounds."""
+    canonical, given = bind_ensemble(name, dict(settings))
+    for setting, value in given.items():
+        if setting == "chain_length":
+            whole("chain_length", value, minimum=1)
+        elif setting == "cell_mode":
+            one_of("cell_mode", value, CELL_MODES)
+        else:
+            bound = STRICTER.get((canonical, setting), BOUNDS[setting])
+            bound.check(setting, value, timestep_fs)
+    if takes_pressure(canonical) and ("pressure_GPa" in given) == ("pressure_bar" in given):
+        raise RequestError(
+            f"the {canonical} ensemble needs the target pressure as exactly one of pressure_GPa "
+            f"or pressure_bar (got pressure_GPa={given.get('pressure_GPa')!r}, "
+            f"pressure_bar={given.get('pressure_bar')!r})",
+            "pressure_GPa",
+        )
+    return canonical
+
+
+def check_fits_structures(
+    canonical: str,
+    settings: Mapping[str, Any],
+    structures: Sequence[ase.Atoms],
+    initial_temperature_K: Any,
+    resume: bool,
+) -> None:
+    """Per-system values fit the batch, and the ensemble can run these structures."""
+    n_systems = len(structures)
+    counted = {**settings, "initial_temperature_K": initial_temperature_K}
+    for setting, value in counted.items():
+        if value is None or setting in ("chain_length", "cell_mode"):
+            continue
+        count = len(per_system(setting, value, ""))
+        if count not in (1, n_systems):
+            raise RequestError(
+                f"{setting} has {count} values, but the batch has {n_systems} systems: give one "
+                "value, or one per system",
+                setting,
+            )
+    if "temperature_K" in settings:
+        small = [i for i, atoms in enumerate(structures) if len(atoms) < 2]
+        if small:
+            raise RequestError(
+                f"the {canonical} thermostat needs at least 2 atoms per system (the centre-of-"
+                f"mass momentum is removed, leaving 3N-3 degrees of freedom); systems {small} "
+                "have fewer: use nve for a single atom"
+            )
+    if takes_pressure(canonical):
+        flat = [i for i, atoms in enumerate(structures) if not atoms.pbc.all()]
+        if flat:
+            raise RequestError(
+                f"{canonical} needs every system periodic in x, y and z (a volume to rescale); "
+                f"systems {flat} are not. Use an NVT ensemble for molecules, slabs and wires"
+            )
+    if canonical in RESCALING and not resume:
+        _check_can_heat(canonical, settings, structures, initial_temperature_K)
+
+
+def _check_can_heat(
+    canonical: str,
+    settings: Mapping[str, Any],
+    structures: Sequence[ase.Atoms],
+    initial_temperature_K: Any,
+) -> None:
+    """A rescaling thermostat keeps a system at rest at rest: refuse that start."""
+    moving = [bool(abs(atoms.get_velocities()).max() > 0) for atoms in structures]
+    if all(moving) or initial_temperature_K is None:
+        return  # the default draws velocities at temperature_K
+    initial = per_system("initial_temperature_K", initial_temperature_K, "K")
+    target = per_system("temperature_K", settings["temperature_K"], "K")
+    for index, is_moving in enumerate(moving):
+        start = initial[index if len(initial) > 1 else 0]
+        goal = target[index if len(target) > 1 else 0]
+        if not is_moving and start == 0.0 and goal > 0.0:
+            raise RequestError(
+                f"{canonical} rescales velocities, and cannot heat system {index} from rest "
+                f"(initial_temperature_K=0, temperature_K={goal:g}): give initial_temperature_K "
+                "> 0, or use nvt (Langevin) to heat from rest",
+                "initial_temperature_K",
+            )

@@ -1,0 +1,108 @@
+"""Every check of a run request that can be made before anything is created or loaded.
+
+``fm.md`` (and so ``fastmace md`` and ``fastmace run``) calls :func:`check_request` first: the
+settings' kinds and values, the environment variables, the model's name or file, the
+structures (read once, here), what the ensemble needs of them, and the run directory. Only
+then is a model loaded or a directory created, so a refused request leaves nothing behind and
+fails in about a second, not after a model load. What needs the model (its elements) or the
+machine (the plan's backend and device) is checked after, still before the run directory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ase
+
+from fastmace.dynamics.checks import check_structures
+from fastmace.preflight.ensemble import (
+    BOUNDS,
+    check_fits_structures,
+    check_settings,
+    check_timestep,
+)
+from fastmace.preflight.model import check_model
+from fastmace.preflight.output import check_output_settings, check_run_directory
+from fastmace.preflight.values import switch, whole
+from fastmace.runtime import environment
+from fastmace.runtime.cache import cache_root
+from fastmace.structures import Structure, read_structures
+from fastmace.vocabulary import DEFAULT_ENSEMBLE, DEFAULT_TIMESTEP_FS, ENSEMBLE_SETTINGS
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """What the checks read on the way: the structures, before and after ``repeat``."""
+
+    units: list[ase.Atoms]
+    """As read (the runner's child repeats them itself)."""
+    structures: list[ase.Atoms]
+    """With ``repeat`` applied: what runs."""
+    ensemble: str
+    """The canonical ensemble name."""
+
+
+def check_arguments(arguments: Mapping[str, Any], look: bool = True) -> str:
+    """The kinds and values of fm.md's keyword ``arguments`` (those given), on their own.
+
+    Returns the canonical ensemble. ``look=False`` leaves out what looks at files (the
+    model's); a run config is checked so before its paths are resolved.
+    """
+    check_model(
+        arguments.get("model", "demo-emt-cu"),
+        head=arguments.get("head"),
+        checkpoint=arguments.get("checkpoint"),
+        sha256=arguments.get("sha256"),
+        trusted=arguments.get("trusted", False),
+        look=look,
+    )
+    if "steps" in arguments:
+        whole("steps", arguments["steps"], minimum=0)
+    if "seed" in arguments:
+        whole("seed", arguments["seed"])
+    # No timestep given: 1 fs for a new run, the saved one on resume (checked when it was set).
+    given = arguments.get("timestep_fs")
+    timestep_fs = DEFAULT_TIMESTEP_FS if given is None else check_timestep(given)
+    if arguments.get("initial_temperature_K") is not None:
+        initial = arguments["initial_temperature_K"]
+        BOUNDS["initial_temperature_K"].check("initial_temperature_K", initial, timestep_fs)
+    for name in ("reproducible", "trusted"):
+        if name in arguments:
+            switch(name, arguments[name])
+    check_output_settings(dict(arguments))
+    settings = {name: arguments.get(name) for name in ENSEMBLE_SETTINGS}
+    return check_settings(arguments.get("ensemble", DEFAULT_ENSEMBLE), settings, timestep_fs)
+
+
+def check_environment(extra: Mapping[str, str] | None = None) -> None:
+    """Every variable FastMACE reads (this process's, with ``extra`` for its children) is
+    usable, and so is the cache root."""
+    merged = {**os.environ, **(extra or {})}
+    bad = environment.problems(merged)
+    if bad:
+        raise bad[0]
+    cache_root(merged)
+
+
+def check_request(
+    structure: Structure,
+    arguments: Mapping[str, Any],
+    extra_environment: Mapping[str, str] | None = None,
+) -> CheckedRequest:
+    """Check a run request of fm.md (its ``structure`` and keyword ``arguments``) before
+    anything is loaded or created; returns the structures read."""
+    ensemble = check_arguments(arguments)
+    check_environment(extra_environment)
+    units = read_structures(structure)
+    structures = read_structures(units, arguments.get("repeat"))
+    check_structures(structures, model_species=None)
+    resume = bool(arguments.get("resume", False))
+    settings = {name: arguments.get(name) for name in ENSEMBLE_SETTINGS}
+    settings = {name: value for name, value in settings.items() if value is not None}
+    initial = arguments.get("initial_temperature_K")
+    check_fits_structures(ensemble, settings, structures, initial, resume)
+    check_run_directory(arguments.get("output"), resume)
+    return CheckedRequest(units, structures, ensemble)

@@ -1,0 +1,111 @@
+"""The user's structures: a file ASE reads, an ``ase.Atoms`` or a list of them, as a list.
+
+ASE's own errors name neither the file nor a fix (an unknown extension is reported as the bare
+extension, binary bytes as a UTF-8 decode error, an empty frame surfaces much later as a NumPy
+error), so every failure of reading a file is turned into a :class:`StructureFileError` that
+says which file, what is wrong with it and what to do.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import ase
+import ase.io
+from ase.io.formats import UnknownFileTypeError
+
+Structure = ase.Atoms | Sequence[ase.Atoms] | str | os.PathLike[str]
+
+_FORMATS_HINT = (
+    "give a file in a format ASE reads, named with that format's usual extension (.extxyz, "
+    ".xyz, .cif, .vasp or POSCAR, .traj, ...; `ase info --formats` lists them)"
+)
+
+
+class StructureFileError(ValueError):
+    """A structure file that cannot be read, or that holds no atoms."""
+
+
+def read_structure_file(path: Path, index: str | int = -1) -> list[ase.Atoms]:
+    """The frames ``index`` of the file ``path`` (the last by default), each with atoms."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no structure file {path}")
+    try:
+        read = ase.io.read(path, index=index)
+    except UnknownFileTypeError as error:
+        if str(error).startswith("Empty file"):
+            raise StructureFileError(
+                f"the structure file {path} is empty; {_FORMATS_HINT}"
+            ) from None
+        raise StructureFileError(
+            f"cannot read the structure file {path}: ASE does not know the format of "
+            f"{_kind(path)}; {_FORMATS_HINT}"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise StructureFileError(
+            f"cannot read the structure file {path}: ASE reads {_kind(path)} as text, but the file "
+            f"holds bytes that are not text (at byte {error.start}). Is it the structure file, "
+            f"or a binary file with the wrong name? {_FORMATS_HINT[0].upper()}{_FORMATS_HINT[1:]}"
+        ) from None
+    except OSError as error:
+        raise StructureFileError(
+            f"cannot read the structure file {path}: {error.strerror or error}"
+        ) from None
+    except Exception as error:  # a parser's own failure: a damaged file or the wrong format
+        said = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        raise StructureFileError(
+            f"cannot read the structure file {path} (ASE's reader of {_kind(path)} failed: "
+            f"{said}); the file is damaged or not in the format its name says. Check it, or "
+            "convert it with `ase convert`"
+        ) from None
+    frames = read if isinstance(read, list) else [read]
+    if not frames:
+        raise StructureFileError(f"the structure file {path} holds no frame at index {index!r}")
+    for number, atoms in enumerate(frames):
+        if len(atoms) == 0:
+            which = "its last frame" if index == -1 else f"frame {number} of those read"
+            raise StructureFileError(
+                f"the structure file {path} holds no atoms ({which} is empty); check the file, "
+                "or give another frame"
+            )
+    return frames
+
+
+def read_structures(
+    structure: Structure, repeat: Sequence[int] | int | None = None, index: str | int = -1
+) -> list[ase.Atoms]:
+    """``structure`` as a list of ASE structures, each repeated ``repeat`` times if given.
+
+    A path is read with ``ase.io.read`` (any format ASE reads; ``index`` picks frames, the
+    last one by default). ``repeat`` builds a supercell explicitly: FastMACE never enlarges a
+    cell on its own. The caller's objects are copied, never modified.
+    """
+    if isinstance(structure, str | os.PathLike):
+        structures = read_structure_file(Path(structure).expanduser(), index)
+    elif isinstance(structure, ase.Atoms):
+        structures = [structure]
+    else:
+        structures = list(structure) if isinstance(structure, Iterable) else [structure]
+        if not all(isinstance(atoms, ase.Atoms) for atoms in structures):
+            raise TypeError(
+                "structure must be ase.Atoms, a list of them, or a file path; got "
+                f"{type(structure).__name__} {structure!r:.60}"
+            )
+    structures = [atoms.copy() for atoms in structures]
+    if repeat is not None:
+        counts = (repeat,) * 3 if isinstance(repeat, int) else tuple(repeat)
+        if (
+            len(counts) != 3
+            or any(isinstance(n, bool) or not isinstance(n, numbers.Integral) for n in counts)
+            or any(n < 1 for n in counts)
+        ):
+            raise ValueError(f"repeat must be three positive integers, got {repeat!r}")
+        structures = [atoms.repeat(counts) for atoms in structures]
+    return structures
+
+
+def _kind(path: Path) -> str:
+    return f"'{path.suffix}' files" if path.suffix else f"files named {path.name!r}"
