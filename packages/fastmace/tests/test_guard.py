@@ -255,7 +255,8 @@ def test_the_command_line_run_configs_and_the_runner_carry_the_guard(tmp_path):
         parse(["md", "x.xyz", "--guard", "max_force_eV_per_A"])
     config = tmp_path / "run.toml"
     config.write_text(
-        'structure = "x.xyz"\n[guard]\nvolume_factor = 2.5\ntemperature_factor = inf\n'
+        'structure = "x.xyz"\ntemperature_K = 300\n'
+        "[guard]\nvolume_factor = 2.5\ntemperature_factor = inf\n"
     )
     table = read_config(config)["guard"]
     assert GuardConfig.coerce(table) == GuardConfig(volume_factor=2.5, temperature_factor=math.inf)
