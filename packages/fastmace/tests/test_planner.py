@@ -112,7 +112,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
             "backend": ("e3nn", "e3nn 350 ms vs cuEq 729 ms", "measured"),
             "dtype": ("float64", "model's own dtype on the CPU", "rule"),
             "graphs": (False, "CUDA graphs need CUDA", "rule"),
-            "compile": (False, "compiling cuEq and hybrid models failed", "measured"),
+            "compile": (False, "captured cuEq step 1.3-1.6x faster", "measured"),
             "block_steps": (50, "50 up to 10,000 atoms", "rule"),
             "skin_A": (0.5, "default Verlet skin", "rule"),
             "edge_capacity": (None, "first build", "rule"),
