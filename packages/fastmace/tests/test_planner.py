@@ -58,6 +58,7 @@ def machine(
     gpu: bool = True,
     torch: str = "2.14.0+cu130",
     env: dict[str, str] | None = None,
+    cueq_ops_version: str | None = None,
     **cuda: BackendStatus,
 ) -> Availabilities:
     """A machine with every CUDA backend available except those given."""
@@ -68,6 +69,7 @@ def machine(
         gpu_reason="1 CUDA device(s)" if gpu else f"torch {torch} sees no CUDA GPU",
         torch_version=torch,
         cueq_ops=table["cueq"].available,
+        cueq_ops_version=cueq_ops_version,
         oeq_extension="prebuilt" if table["hybrid"].available else "unavailable",
         cuda=table,
         cpu=CPU_TABLE,
@@ -82,6 +84,11 @@ OEQ_WITHOUT_EXTENSION = machine(oeq=OEQ_NO_EXTENSION, hybrid=OEQ_NO_EXTENSION)
 PREBUILT_MISMATCH = machine(oeq=OEQ_PREBUILT_MISMATCH, hybrid=OEQ_PREBUILT_MISMATCH)
 OLD_TORCH = machine(torch="2.9.1+cu128")
 USER_ALLOCATOR = machine(env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"})
+CUEQ_OPS_013 = machine(cueq_ops_version="0.13.0")
+CUEQ_OPS_013_USER_CHOICE = machine(
+    cueq_ops_version="0.13.0", env={"CUEQUIVARIANCE_OPS_U1D_ALGOS": "3"}
+)
+CUEQ_OPS_014 = machine(cueq_ops_version="0.14.0")
 USER_CUBLAS = machine(
     env={"CUBLAS_EMULATION_STRATEGY": "performant", "CUBLAS_WORKSPACE_CONFIG": ":16:8"}
 )
@@ -265,6 +272,74 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
         {
             "PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set"),
             "CUBLAS_WORKSPACE_CONFIG": (":4096:8", "overwrite"),
+            "TORCHINDUCTOR_DETERMINISTIC": ("1", "set"),
+            "CUEQUIVARIANCE_OPS_U1D_ALGOS": ("1,1", "set"),
+        },
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "cueq-kernel-choice-fixed-where-measured",
+        {},
+        EngineConfig(),
+        CUEQ_OPS_013,
+        {"cueq_kernel_choice": ("2", "20.2 to 5.5 s", "measured")},
+        {
+            "PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set"),
+            "CUEQUIVARIANCE_OPS_U1D_ALGOS": ("2", "set"),
+        },
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "cueq-kernel-choice-for-hybrid",
+        {},
+        EngineConfig(backend="hybrid"),
+        CUEQ_OPS_013,
+        {"cueq_kernel_choice": ("2", "cuEquivariance-ops 0.13.0 times candidate", "measured")},
+        {
+            "PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set"),
+            "CUEQUIVARIANCE_OPS_U1D_ALGOS": ("2", "set"),
+        },
+        [("graphs", False)],
+    ),
+    (
+        "cueq-kernel-choice-keeps-the-users",
+        {},
+        EngineConfig(),
+        CUEQ_OPS_013_USER_CHOICE,
+        {"cueq_kernel_choice": ("2", "ALGOS='3' is the user's and is kept", "measured")},
+        {
+            "PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set"),
+            "CUEQUIVARIANCE_OPS_U1D_ALGOS": ("3", "kept"),
+        },
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "cueq-kernel-choice-not-for-unmeasured-versions",
+        {},
+        EngineConfig(),
+        CUEQ_OPS_014,
+        {"cueq_kernel_choice": (None, "measured with cuEquivariance-ops 0.13.x only", "rule")},
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "cueq-kernel-choice-not-for-e3nn",
+        {},
+        EngineConfig(backend="e3nn"),
+        CUEQ_OPS_013,
+        {"cueq_kernel_choice": (None, "the e3nn backend on cuda runs no cuEq kernels", "rule")},
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("graphs", False)],
+    ),
+    (
+        "cueq-kernel-choice-reproducible-wins",
+        {"reproducible": True},
+        EngineConfig(),
+        CUEQ_OPS_013,
+        {"cueq_kernel_choice": (None, "reproducible plan fixes", "rule")},
+        {
+            "PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set"),
+            "CUBLAS_WORKSPACE_CONFIG": (":4096:8", "set"),
             "TORCHINDUCTOR_DETERMINISTIC": ("1", "set"),
             "CUEQUIVARIANCE_OPS_U1D_ALGOS": ("1,1", "set"),
         },

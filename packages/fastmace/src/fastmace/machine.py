@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from importlib import metadata as importlib_metadata
 from importlib import util as importlib_util
 
 from fastmace.planner.availability import Availabilities, BackendStatus
@@ -21,6 +22,20 @@ PLAN_VARIABLES = (
     environment.FP64_EMULATION_BITS,
     *environment.REPRODUCIBLE,
 )
+
+
+# cuEquivariance's kernels come as one distribution per CUDA major version.
+CUEQ_OPS_DISTRIBUTIONS = ("cuequivariance-ops-torch-cu13", "cuequivariance-ops-torch-cu12")
+
+
+def cueq_ops_version() -> str | None:
+    """The installed cuequivariance-ops-torch version, read from its metadata (no import)."""
+    for distribution in CUEQ_OPS_DISTRIBUTIONS:
+        try:
+            return importlib_metadata.version(distribution)
+        except importlib_metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def probe_availabilities(environ: Mapping[str, str] | None = None) -> Availabilities:
@@ -65,6 +80,7 @@ def probe_availabilities(environ: Mapping[str, str] | None = None) -> Availabili
         gpu_reason=gpu_reason,
         torch_version=torch.__version__,
         cueq_ops=importlib_util.find_spec("cuequivariance_ops_torch") is not None,
+        cueq_ops_version=cueq_ops_version(),
         oeq_extension=oeq,
         oeq_extension_reason=oeq_reason,
         cuda=statuses("cuda"),

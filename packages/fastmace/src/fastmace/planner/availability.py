@@ -36,6 +36,8 @@ class Availabilities:
     """torch's ``__version__``, e.g. "2.14.0+cu130"; None when unknown."""
     cueq_ops: bool = False
     """cuequivariance-ops-torch (cuEquivariance's CUDA kernels) is installed."""
+    cueq_ops_version: str | None = None
+    """Its version, e.g. "0.13.0"; None when unknown or not installed."""
     oeq_extension: str = "unavailable"
     """How OpenEquivariance's host extension comes: prebuilt, toolchain, loaded or unavailable."""
     oeq_extension_reason: str = ""
@@ -76,6 +78,7 @@ class Availabilities:
             "gpu_reason": self.gpu_reason,
             "torch_version": self.torch_version,
             "cueq_ops": self.cueq_ops,
+            "cueq_ops_version": self.cueq_ops_version,
             "oeq_extension": self.oeq_extension,
             "oeq_extension_reason": self.oeq_extension_reason,
             "cuda": {name: asdict(status) for name, status in self.cuda.items()},

@@ -47,6 +47,12 @@ LARGE_ATOMS = 10_000  # above this many atoms in all, K is shorter (as benchmark
 LARGE_BLOCK_STEPS = 20
 EXPANDABLE_SEGMENTS_SINCE = (2, 14)  # docs/environment.md: the allocator rule
 
+CUEQ_KERNEL_CHOICE_REASON = (
+    "measured: cuEquivariance-ops {version} times candidate kernels at each new size; a fixed "
+    "choice cuts set-up at 13,824 atoms from 20.2 to 5.5 s with steps/s within 1 % at 216, 1,728 "
+    "and 13,824 atoms (H200, MP-0 medium; docs/planner.md)"
+)
+CUEQ_BACKENDS = ("cueq", "hybrid")  # the backends whose model runs cuEquivariance's kernels
 COMPILE_REASON = (
     "measured: off by default; on the H200 it makes the captured cuEq step 1.3-1.6x faster "
     "(216 to 13,824 atoms) but compiles for 1-2 minutes at the start and again after each "
@@ -75,6 +81,7 @@ def make_plan(
     matmul = _matmul_precision(config, device.value, dtype.value)
     emulation = _fp64_emulation(config, device.value, dtype.value)
     segments = _expandable_segments(config, availability, device.value)
+    kernel_choice = _cueq_kernel_choice(workload, availability, device.value, backend.value)
     decisions = (
         device,
         backend,
@@ -91,6 +98,7 @@ def make_plan(
         _mantissa_bits(config, emulation.value),
         _reproducible(workload),
         _guard(config),
+        kernel_choice,
     )
     settings = _environment(
         availability,
@@ -98,6 +106,7 @@ def make_plan(
         emulation.value,
         config.fp64_emulation_mantissa_bits,
         workload.reproducible,
+        kernel_choice.value,
     )
     fallbacks = _fallbacks(config, availability, device.value, backend.value, graphs.value)
     return Plan(workload, config, availability, decisions, settings, fallbacks)
@@ -339,6 +348,27 @@ def _reproducible(workload: Workload) -> Decision:
     return Decision("reproducible", False, "rule: not asked (Workload.reproducible=False)")
 
 
+def _cueq_kernel_choice(
+    workload: Workload, found: Availabilities, device: str, backend: str
+) -> Decision:
+    name = "cueq_kernel_choice"
+    if device != "cuda" or backend not in CUEQ_BACKENDS:
+        return Decision(name, None, f"rule: the {backend} backend on {device} runs no cuEq kernels")
+    if workload.reproducible:
+        return Decision(name, None, "rule: the reproducible plan fixes cuEquivariance's kernels")
+    version = found.cueq_ops_version
+    if version is None or not version.startswith(environment.CUEQ_KERNEL_CHOICE_MEASURED):
+        measured = ", ".join(f"{prefix}x" for prefix in environment.CUEQ_KERNEL_CHOICE_MEASURED)
+        return Decision(
+            name, None, f"rule: measured with cuEquivariance-ops {measured} only; this is {version}"
+        )
+    reason = CUEQ_KERNEL_CHOICE_REASON.format(version=version)
+    user = found.user_value(environment.CUEQ_KERNEL_CHOICE)
+    if user is not None:
+        reason += f"; but {environment.CUEQ_KERNEL_CHOICE}={user!r} is the user's and is kept"
+    return Decision(name, environment.CUEQ_KERNEL_CHOICE_VALUE, reason, MEASURED)
+
+
 def _guard(config: EngineConfig) -> Decision:
     if config.guard is not None:
         changed = {
@@ -375,6 +405,7 @@ def _environment(
     fp64_emulation: bool,
     mantissa_bits: int | None,
     reproducible: bool,
+    cueq_kernel_choice: str | None,
 ) -> tuple[EnvironmentSetting, ...]:
     settings = []
     if expandable_segments:
@@ -409,6 +440,15 @@ def _environment(
                 settings.append(EnvironmentSetting(name, value, reason, OVERWRITE, user))
             else:
                 settings.append(EnvironmentSetting(name, value, "reproducible plan", SET, user))
+    if cueq_kernel_choice is not None:
+        settings.append(
+            _set_unless_user(
+                found,
+                environment.CUEQ_KERNEL_CHOICE,
+                cueq_kernel_choice,
+                "cuEquivariance's kernel choice fixed (measured)",
+            )
+        )
     return tuple(settings)
 
 

@@ -221,6 +221,11 @@ class Plan:
         return self.value("reproducible")
 
     @property
+    def cueq_kernel_choice(self) -> str | None:
+        """The value for CUEQUIVARIANCE_OPS_U1D_ALGOS, or None: cuEquivariance's own choice."""
+        return self.value("cueq_kernel_choice")
+
+    @property
     def guard(self) -> GuardConfig:
         return GuardConfig(**self.value("guard"))
 
@@ -279,6 +284,8 @@ class Plan:
             environment.configure_fp64_emulation(self.fp64_emulation_mantissa_bits, environ)
         if self.reproducible:
             environment.configure_reproducible(environ)
+        if self.cueq_kernel_choice is not None:
+            environment.configure_cueq_kernel_choice(self.cueq_kernel_choice, environ)
         env = os.environ if environ is None else environ
         return {setting.name: env[setting.name] for setting in self.environment}
 

@@ -79,10 +79,17 @@ FP64_EMULATION_VALUES = {
 }
 FP64_EMULATION = tuple(FP64_EMULATION_VALUES)
 FP64_EMULATION_BITS = "CUBLAS_FIXEDPOINT_EMULATION_MANTISSA_BIT_COUNT"
+# cuEquivariance-ops picks each uniform_1d kernel by timing candidates on the first call at a
+# new size, which at 13,824 atoms costs seconds before every first step and every regrowth;
+# this value fixes the choice. Measured on an H200 with cuequivariance-ops 0.13 (docs/planner.md):
+# set-up 20.2 s -> 5.5 s at 13,824 atoms, steps/s within 1 % at 216, 1,728 and 13,824 atoms.
+CUEQ_KERNEL_CHOICE = "CUEQUIVARIANCE_OPS_U1D_ALGOS"
+CUEQ_KERNEL_CHOICE_VALUE = "2"
+CUEQ_KERNEL_CHOICE_MEASURED = ("0.13.",)  # versions the value was measured with
 REPRODUCIBLE = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
     "TORCHINDUCTOR_DETERMINISTIC": "1",
-    "CUEQUIVARIANCE_OPS_U1D_ALGOS": "1,1",
+    CUEQ_KERNEL_CHOICE: "1,1",
 }
 OEQ_BUILD = (
     "CUDA_HOME", "CUDA_PATH", "CUDACXX", "CMAKE_CUDA_COMPILER", "PYTORCH_NVCC", "PATH", "CPATH",
@@ -389,6 +396,17 @@ def configure_fp64_emulation(
         set_if_unset(FP64_EMULATION_BITS, str(mantissa_bits), "the plan's mantissa bits", env)
         names.append(FP64_EMULATION_BITS)
     return {name: env[name] for name in names}
+
+
+def configure_cueq_kernel_choice(
+    value: str, environ: MutableMapping[str, str] | None = None
+) -> str | None:
+    """Fix cuEquivariance-ops' uniform_1d kernel choice (the plan's measured value), unless the
+    user chose one; it must be set before the first cuEquivariance call. Returns the value in force.
+    """
+    env = os.environ if environ is None else environ
+    set_if_unset(CUEQ_KERNEL_CHOICE, value, "the plan's measured cuEquivariance kernel choice", env)
+    return env.get(CUEQ_KERNEL_CHOICE)
 
 
 def configure_reproducible(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
