@@ -48,9 +48,7 @@ def child(atoms_count: int, evals: int, limit_s: float) -> dict:
     atoms = ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat(repeat)
     atoms.rattle(0.05, seed=1)
     started = time.perf_counter()
-    calc = fm.calculator(
-        "template:mp0-medium", device=DEVICE, dtype="float32", backend=BACKEND
-    )
+    calc = fm.calculator("template:mp0-medium", device=DEVICE, dtype="float32", backend=BACKEND)
     load_s = time.perf_counter() - started
     atoms.calc = calc
     rng = np.random.default_rng(0)
@@ -100,9 +98,9 @@ def main() -> None:
                 record["child_output"] = lines[:-1][-40:]
             else:
                 record["stderr"] = done.stderr[-3000:]
-            record["stderr_nvrtc"] = [
-                line for line in done.stderr.splitlines() if "NVRTC" in line
-            ][:60]
+            record["stderr_nvrtc"] = [line for line in done.stderr.splitlines() if "NVRTC" in line][
+                :60
+            ]
             results.append(record)
             calls = ", ".join(f"{c:.3f}" for c in record.get("calls_s", []))
             print(f"{atoms_count} {variant}: wall {record['wall_s']:.1f} s, "
