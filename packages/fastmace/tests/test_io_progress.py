@@ -88,3 +88,20 @@ def test_bad_arguments():
 def test_format_duration():
     assert format_duration(3725) == "1:02:05"
     assert format_duration(90_000) == "1d 1:00:00"
+
+
+def test_the_summary_tells_the_average_from_the_steady_speed():
+    """Start-up makes a run's average slower than its steady speed; the last line says which
+    is which, and the steady one is the report's."""
+    log, clock = io.StringIO(), FakeClock()
+    progress = Progress(1000, 2.0, stream=log, clock=clock)
+    clock.now += 10.0  # start-up: warm-up and capture
+    progress.update(100)
+    clock.now += 2.0  # 900 steady steps at 450 steps/s
+    progress.update(1000)
+    progress.close(steady_steps_per_s=450.0)
+    last = log.getvalue().splitlines()[-1]
+    assert last == (
+        "done: 1,000 steps in 0:00:12, 83.3 steps/s on average; steady 450.0 steps/s, "
+        "77.76 ns/day (start-up excluded, as in the report)"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
@@ -156,6 +157,7 @@ def md(
     arguments = dict(locals())
     for name in ("structure", "progress", "runner", "_in_child_process", "ensemble_settings"):
         del arguments[name]
+    called = time.perf_counter()  # the start of the run's start-up timings
     arguments.update(ensemble_settings)
     if check not in (None, "gate"):
         raise ValueError(f"check must be None or 'gate', got {check!r}")
@@ -222,13 +224,16 @@ def md(
     with environment.restored(plan.environment_values()):
         plan.apply_environment()  # before CUDA starts: allocator, emulation, determinism
         _say_if_cuda_started(plan)
+        tick = time.perf_counter()
         loaded = load(
             model, head=head, checkpoint=checkpoint, sha256=sha256, trusted=trusted,
             download=False, backend=engine.backend,
             device=engine.device, dtype=engine.dtype, seed=seed,
         )  # fmt: skip
+        phases = {"load_s": time.perf_counter() - tick}  # with conversion and its checks
         gate, fallbacks = None, []
         if check == "gate":
+            tick = time.perf_counter()
             from fastmace.gate import gate_with_fallback, reduced_structure
 
             candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
@@ -238,9 +243,10 @@ def md(
                 structure=checked.description, matmul_precision=engine.matmul_precision,
             )  # fmt: skip
             loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
+            phases["gate_s"] = time.perf_counter() - tick
         simulation = Simulation(
             loaded, structures, settings, output, resume=resume, progress=progress,
-            gate=gate, fallbacks=fallbacks, plan=plan,
+            gate=gate, fallbacks=fallbacks, plan=plan, phases=phases, called=called,
             runner=runner_record(runner, in_child=_in_child_process),
         )  # fmt: skip
         return simulation.run()

@@ -276,6 +276,28 @@ def _backend_reason(simulation: Simulation) -> str:
     return reason
 
 
+# The start-up phases in the order they happen, as metadata.json's timings names them.
+STARTUP_PHASES = (
+    ("load_s", "load"),
+    ("gate_s", "gate"),
+    ("setup_s", "setup"),
+    ("first_block_s", "first block"),
+    ("capture_s", "capture"),
+)
+
+
+def startup_summary(timings: dict[str, float]) -> str:
+    """Each start-up phase's seconds, then the time to the first step (docs/output.md)."""
+    text = ", ".join(
+        f"{label} {timings[name]:.1f} s" for name, label in STARTUP_PHASES if name in timings
+    )
+    if "to_first_step_s" in timings:
+        text += f"; first step done {timings['to_first_step_s']:.1f} s after the request"
+        if "process_to_first_step_s" in timings:
+            text += f", {timings['process_to_first_step_s']:.1f} s after the process started"
+    return text
+
+
 def run_report(simulation: Simulation, result: MDResult) -> str:
     """One screen: model, structure, run, engine, gate, speed, final state, output."""
     model, settings, engine = simulation.model, simulation.settings, simulation.engine
@@ -313,8 +335,9 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
     speed = result.timings.get("steps_per_s", float("nan"))
     lines.append(
         f"speed:     {speed:.1f} steps/s, {result.timings.get('ns_per_day', float('nan')):.3f}"
-        f" ns/day (setup {result.timings.get('setup_s', 0.0):.1f} s)"
+        " ns/day (steady blocks; warm-up and capture count as start-up)"
     )
+    lines.append(f"start-up:  {startup_summary(result.timings)}")
     if result.thermo:
         last = result.thermo[0]
         state = f"T = {last.get('temperature_K', float('nan')):.1f} K"

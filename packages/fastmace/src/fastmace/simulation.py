@@ -13,7 +13,7 @@ names the last good restart.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -41,6 +41,7 @@ from fastmace.resuming import (
     saved_restart,
 )
 from fastmace.runs import MDResult, RunSettings
+from fastmace.runtime.process_clock import seconds_since_process_start
 
 __all__ = ["MDResult", "RunSettings", "Simulation"]
 
@@ -62,8 +63,14 @@ class Simulation:
         gate: Any = None,
         fallbacks: Sequence[dict[str, Any]] = (),
         runner: dict[str, Any] | None = None,
+        phases: Mapping[str, float] | None = None,
+        called: float | None = None,
     ) -> None:
+        """``phases`` are the start-up phases timed before (fm.md: ``load_s``, ``gate_s``) and
+        ``called`` the ``time.perf_counter()`` of the request: the start of ``to_first_step_s``
+        (default: now)."""
         started = time.perf_counter()
+        self.called = started if called is None else called
         self.plan = plan  # when the run was planned (fm.md): its decisions are the engine's
         self.engine_settings = _engine_settings(engine, plan)
         # metadata.json's runner record (fastmace.runner.runner_record): in a child process?
@@ -144,7 +151,7 @@ class Simulation:
         )
         self.engine.steps_done = self.start_step
         self.structures = list(structures)
-        self.timings = {"setup_s": time.perf_counter() - started}
+        self.timings = {**(phases or {}), "setup_s": time.perf_counter() - started}
         self._write_metadata("running")
 
     def _write_metadata(self, status: str, error: str | None = None) -> None:
@@ -271,6 +278,14 @@ class Simulation:
             self.last_restart = step
         return rows
 
+    def _time_first_step(self) -> None:
+        """Start-up as the user sees it: to the end of the first block, from the request and
+        from the process's start (the ``fastmace md`` command; Linux only)."""
+        self.timings["to_first_step_s"] = time.perf_counter() - self.called
+        since_start = seconds_since_process_start()
+        if since_start is not None:
+            self.timings["process_to_first_step_s"] = since_start
+
     def run(self) -> MDResult:
         """Run to ``settings.steps`` (from the restart's step when resuming)."""
         settings = self.settings
@@ -304,18 +319,22 @@ class Simulation:
                 )
                 if first_block_s == 0.0:
                     first_block_s = elapsed
+                    self._time_first_step()
                 elif steady:
+                    if not steady_steps:
+                        self.timings["to_steady_s"] = time.perf_counter() - self.called
                     steady_s, steady_steps = steady_s + elapsed, steady_steps + steps
+                if self.engine.last_launch == "capture" and "capture_s" not in self.timings:
+                    self.timings["capture_s"] = elapsed
                 step += steps
                 rows = self._write_outputs(step, final=step == total) or rows
                 progress.update(step)
         except BaseException as error:
+            progress.close()
             self._write_metadata("failed", f"{type(error).__name__}: {error}")
             if self.output is not None:
                 self.output.close()  # what was written stays; the last restart is intact
             raise
-        finally:
-            progress.close()
         if not rows:
             rows = thermo_rows(
                 self.engine.md, self.potential,
@@ -331,6 +350,7 @@ class Simulation:
             rate = float("nan")
         self.timings["steps_per_s"] = rate
         self.timings["ns_per_day"] = rate * settings.timestep_fs * 86400 * 1e-6
+        progress.close(steady_steps_per_s=rate)
         result = MDResult(
             structures=self.engine.md.state.to_atoms(),
             steps=step,

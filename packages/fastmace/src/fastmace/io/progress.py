@@ -8,6 +8,7 @@ so that a day-long job's log shows signs of life without being flooded.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections import deque
@@ -116,15 +117,23 @@ class Progress:
             while self._next_fraction <= self._fraction(step) + 1e-12:
                 self._next_fraction += _QUIET_FRACTION
 
-    def close(self) -> None:
-        """End the display with a summary line."""
+    def close(self, steady_steps_per_s: float | None = None) -> None:
+        """End the display with a summary line: the average over the whole session, start-up
+        included, and the run's steady speed (the report's) when the caller gives it."""
         elapsed = self._clock() - self._started
         done = self._step - self.start_step
         summary = f"done: {done:,} steps in {format_duration(elapsed)}"
         if elapsed > 0 and done > 0:
             rate = done / elapsed
-            ns_per_day = rate * self.timestep_fs * 1e-6 * 86_400
-            summary += f", {rate:,.1f} steps/s, {ns_per_day:,.2f} ns/day"
+            summary += f", {rate:,.1f} steps/s on average"
+            if steady_steps_per_s is not None and math.isfinite(steady_steps_per_s):
+                ns_per_day = steady_steps_per_s * self.timestep_fs * 1e-6 * 86_400
+                summary += (
+                    f"; steady {steady_steps_per_s:,.1f} steps/s, {ns_per_day:,.2f} ns/day "
+                    "(start-up excluded, as in the report)"
+                )
+            else:
+                summary += f", {rate * self.timestep_fs * 1e-6 * 86_400:,.2f} ns/day"
         if self.live and self._width:
             self.stream.write("\n")
         self._print(summary)
