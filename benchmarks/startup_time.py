@@ -1,11 +1,12 @@
-"""Time from ``fastmace md`` start to the MD loop, and where it goes, on a GPU machine.
+"""Time from ``fastmace md`` start to the first step, phase by phase, on a GPU machine.
 
 Runs the real command line twice on the same structure (rattled rock-salt NaCl, MP-0-medium
 template, float32, cuEq, a few steps, no trajectory): the first run fills the cache, the
-second is the warm start the performance issue targets. Each run is a child process under
-``cProfile``; the report lists wall time and the cumulative time of FastMACE's start-up phases
-(model load and conversion, checks, species specialisation, neighbour list, the first block,
-graph capture), read from the profile by function name.
+second is the warm start the performance issue targets. The phases come from each run's
+metadata.json ``timings`` (docs/output.md: load, gate, setup, first block, capture, and the
+time from the process's start to the end of the first block), so they are what every user's
+run records. ``--profile`` also runs each child under ``cProfile`` (which slows Python code)
+and keeps its largest cumulative times.
 
     python benchmarks/startup_time.py --atoms 13824 --out $OUT/startup
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pstats
 import subprocess
 import sys
@@ -24,20 +24,17 @@ from pathlib import Path
 import ase.build
 import ase.io
 
-# (phase, module path fragment, function name) read from the profile's cumulative times.
+# metadata.json's start-up timings, in the order the phases happen.
 PHASES = (
-    ("fm.md, whole call", "fastmace/api", "md"),
-    ("plan (planner)", "fastmace/planner/decide", "make_plan"),
-    ("model load (fm.load)", "fastmace/models/load", "load"),
-    ("backend conversion and its check", "fastmace/models/backends", "convert_checked"),
-    ("gate (float64 e3nn comparison)", "fastmace/gate/check", "run_gate"),
-    ("species specialisation", "fastmace/dynamics/species_linear", "specialise_for_species"),
-    ("potential check", "fastmace/dynamics/potential", "check_potential"),
-    ("Simulation set-up", "fastmace/simulation", "__init__"),
-    ("neighbour list build", "fastmace/dynamics/neighbours", "build"),
-    ("Simulation.run", "fastmace/simulation", "run"),
-    ("graph capture", "fastmace/dynamics/engine", "_capture"),
-    ("blocks run (incl. warm-up and capture)", "fastmace/dynamics/engine", "run_block"),
+    "load_s",
+    "gate_s",
+    "setup_s",
+    "first_block_s",
+    "capture_s",
+    "to_first_step_s",
+    "process_to_first_step_s",
+    "to_steady_s",
+    "steps_per_s",
 )
 
 
@@ -50,16 +47,13 @@ def nacl(atoms: int) -> ase.Atoms:
     return structure
 
 
-def phase_times(profile: Path) -> dict[str, float]:
-    """Cumulative seconds per phase; a phase whose function did not run is left out."""
-    stats = pstats.Stats(str(profile))
-    found: dict[str, float] = {}
-    for (filename, _, function), row in stats.stats.items():  # type: ignore[attr-defined]
-        cumulative = row[3]
-        for phase, fragment, name in PHASES:
-            if function == name and fragment in filename.replace(os.sep, "/"):
-                found[phase] = max(found.get(phase, 0.0), cumulative)
-    return found
+def phase_times(run_directory: Path) -> dict[str, float]:
+    """The run's start-up timings from its metadata.json; empty when it wrote none."""
+    try:
+        timings = json.loads((run_directory / "metadata.json").read_text())["timings"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {name: round(timings[name], 3) for name in PHASES if name in timings}
 
 
 def top_functions(profile: Path, count: int = 40) -> list[str]:
@@ -77,6 +71,8 @@ def main() -> None:
     parser.add_argument("--atoms", type=int, default=13824)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--profile", action="store_true", help="run each child under cProfile")
+    parser.add_argument("--timeout-s", type=float, default=240.0, help="per run")
     parser.add_argument("--extra", nargs="*", default=[], help="more fastmace md options")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -85,20 +81,29 @@ def main() -> None:
     runs = []
     for name in ("cold", "warm"):
         profile = args.out / f"{name}.prof"
+        profiler = ["-m", "cProfile", "-o", str(profile)] if args.profile else []
+        run_directory = args.out / f"run-{name}"
         command = [
-            sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "fastmace", "md",
+            sys.executable, *profiler, "-m", "fastmace", "md",
             str(structure), "--model", "template:mp0-medium", "--dtype", "float32",
             "--backend", "cueq", "--steps", str(args.steps), "--traj-every", "0",
-            "--temperature", "300",
-            "--output", str(args.out / f"run-{name}"), *args.extra,
+            "--temperature", "300", "--output", str(run_directory), *args.extra,
         ]  # fmt: skip
         start = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
+            exit_code, log = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as expired:
+            exit_code, log = None, f"timed out after {args.timeout_s} s\n{expired.stderr or ''}"
         wall = time.perf_counter() - start
-        (args.out / f"{name}.log").write_text(done.stdout + done.stderr)
-        record = {"run": name, "exit": done.returncode, "wall_s": wall}
+        (args.out / f"{name}.log").write_text(log)
+        record = {
+            "run": name,
+            "exit": exit_code,
+            "wall_s": round(wall, 2),
+            "phases_s": phase_times(run_directory),
+        }
         if profile.exists():
-            record["phases_s"] = phase_times(profile)
             (args.out / f"{name}-top.txt").write_text("\n".join(top_functions(profile)) + "\n")
         runs.append(record)
         print(json.dumps(record, indent=1), flush=True)
