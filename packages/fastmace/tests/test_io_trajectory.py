@@ -237,3 +237,27 @@ def test_frame_input_is_checked():
 def test_read_trajectory_of_a_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="no trajectory file"):
         read_trajectory(tmp_path / "nothing.extxyz")
+
+
+def test_h5md_of_an_earlier_version_is_still_read(tmp_path):
+    """Before issue 16: system_0 for one system, eV, units and boundary as fixed-length bytes."""
+    path = tmp_path / "trajectory.h5md"
+    written = list(frames(1, range(2)))
+    output = H5MDWriter(path, 1)
+    for frame in written:
+        output.write(frame)
+    output.close()
+    with h5py.File(path, "r+") as file:
+        file.move("particles/trajectory", "particles/system_0")
+        file.create_group("observables/system_0")
+        file.move("observables/potential_energy", "observables/system_0/potential_energy")
+        for name, unit in (("particles/system_0/force/value", b"eV Angstrom-1"),
+                           ("observables/system_0/potential_energy/value", b"eV")):  # fmt: skip
+            file[name][...] = file[name][()] * KJ_PER_MOL
+            file[name].attrs["unit"] = np.bytes_(unit)
+        box = file["particles/system_0/box"]
+        box.attrs["boundary"] = np.array([b"periodic"] * 3, dtype="S8")
+    for atoms, frame in zip(read_trajectory(path), written, strict=True):
+        check_same(atoms, frame.atoms[0], 1e-12)
+        assert atoms.get_potential_energy() == pytest.approx(frame.energies[0], abs=1e-12)
+        np.testing.assert_allclose(atoms.get_forces(), frame.forces[0], atol=1e-12)

@@ -63,9 +63,13 @@ UNITS = {
     "energy": "kJ mol-1",
     "mass": "u",
 }
-# What one stored unit is in eV or eV/Angstrom; "eV" ones are from files of earlier versions.
-_IN_EV = {"kJ mol-1": KJ_PER_MOL, "kJ mol-1 Angstrom-1": KJ_PER_MOL, "eV": 1.0}
-_IN_EV["eV Angstrom-1"] = 1.0
+# One stored energy (force) unit in eV (eV/Angstrom); the eV ones are earlier versions' files.
+_IN_EV = {
+    "kJ mol-1": KJ_PER_MOL,
+    "kJ mol-1 Angstrom-1": KJ_PER_MOL,
+    "eV": 1.0,
+    "eV Angstrom-1": 1.0,
+}
 
 
 def system_group(system: int, n_systems: int) -> str:
@@ -167,12 +171,12 @@ class H5MDWriter:
         boundary = [_as_str(value) == "periodic" for value in group["box"].attrs["boundary"]]
         if boundary != [bool(value) for value in atoms.pbc]:
             raise ValueError(f"{where}: pbc {atoms.pbc} differs from the trajectory's {boundary}")
+        has_energy = energy_path(system, self.n_systems) in self._file
         for label, stored, given in (
             ("velocities", "velocity" in group, atoms.has("momenta")),
             ("forces", "force" in group, frame.forces is not None),
-            ("energies", energy_path(system, self.n_systems) in self._file,
-             frame.energies is not None),
-        ):  # fmt: skip
+            ("energies", has_energy, frame.energies is not None),
+        ):
             if stored != given:
                 state = "has" if stored else "has no"
                 raise ValueError(
