@@ -12,7 +12,7 @@ from ase.build import bulk, molecule
 from fastmace.io import choose_format, read_trajectory
 from fastmace.io.extxyz import ExtxyzWriter, truncate_extxyz
 from fastmace.io.frames import make_frame
-from fastmace.io.h5md import H5MDWriter, truncate_h5md
+from fastmace.io.h5md import KJ_PER_MOL, H5MDWriter, truncate_h5md
 
 FORMATS = ("extxyz", "h5md")
 # extxyz keeps 8 decimals (ASE's writer); H5MD keeps full doubles.
@@ -128,24 +128,46 @@ def test_h5md_layout_follows_h5md_1_1(tmp_path):
     output.close()
     with h5py.File(path, "r") as file:
         assert list(file["h5md"].attrs["version"]) == [1, 1]
-        assert file["h5md/creator"].attrs["name"] == b"fastmace"
+        assert file["h5md/creator"].attrs["name"] == "fastmace"
         assert "name" in file["h5md/author"].attrs
         assert sorted(file["particles"]) == ["system_0", "system_1"]
         water = file["particles/system_1"]
-        assert list(water["box"].attrs["boundary"]) == [b"periodic", b"none", b"periodic"]
+        assert list(water["box"].attrs["boundary"]) == ["periodic", "none", "periodic"]
         assert water["box/edges/value"].shape == (2, 3, 3)
         position = water["position/value"]
         assert position.shape == (2, 3, 3)
         assert position.maxshape == (None, 3, 3)
         assert position.compression == "gzip"
         assert position.chunks[0] == 1  # one frame per chunk: appends never rewrite old data
-        assert position.attrs["unit"] == b"Angstrom"
+        # str, not bytes: MDAnalysis looks units up as str (issue 16).
+        assert position.attrs["unit"] == "Angstrom"
         assert list(water["position/step"][()]) == [0, 1]
-        assert water["position/time"].attrs["unit"] == b"fs"
+        assert water["position/time"].attrs["unit"] == "fs"
+        assert water["force/value"].attrs["unit"] == "kJ mol-1 Angstrom-1"
         assert list(water["species"][()]) == [8, 1, 1]
         assert {"velocity", "force", "mass"} <= set(water)
         energy = file["observables/system_1/potential_energy"]
-        assert list(energy["value"][()]) == [-1.0, -2.25]
+        assert energy["value"].attrs["unit"] == "kJ mol-1"
+        np.testing.assert_allclose(energy["value"][()] * KJ_PER_MOL, [-1.0, -2.25])
+
+
+def test_h5md_of_one_system_uses_the_names_mdanalysis_reads(tmp_path):
+    path = tmp_path / "trajectory.h5md"
+    output = H5MDWriter(path, 1)
+    output.write(next(frames(1, range(1))))
+    output.close()
+    with h5py.File(path, "r") as file:
+        assert list(file["particles"]) == ["trajectory"]
+        assert list(file["observables"]) == ["potential_energy"]
+
+
+def test_h5md_refuses_to_append_to_another_layout(tmp_path):
+    path = tmp_path / "trajectory.h5md"
+    output = H5MDWriter(path, 2)
+    output.write(next(frames(2, range(1))))
+    output.close()
+    with pytest.raises(ValueError, match=r"particle groups \['system_0', 'system_1'\]"):
+        H5MDWriter(path, 1)
 
 
 def test_h5md_refuses_frames_that_change_what_is_stored(tmp_path):
@@ -183,11 +205,11 @@ def test_h5md_truncate_drops_an_entry_without_its_step(tmp_path):
         output.write(frame)
     output.close()
     with h5py.File(path, "r+") as file:  # a crash after the value grew, before the step did
-        value = file["particles/system_0/position/value"]
+        value = file["particles/trajectory/position/value"]
         value.resize(4, axis=0)
     truncate_h5md(path, 100)
     with h5py.File(path, "r") as file:
-        assert file["particles/system_0/position/value"].shape[0] == 3
+        assert file["particles/trajectory/position/value"].shape[0] == 3
     assert len(read_trajectory(path)) == 3
 
 
@@ -215,3 +237,27 @@ def test_frame_input_is_checked():
 def test_read_trajectory_of_a_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="no trajectory file"):
         read_trajectory(tmp_path / "nothing.extxyz")
+
+
+def test_h5md_of_an_earlier_version_is_still_read(tmp_path):
+    """Before issue 16: system_0 for one system, eV, units and boundary as fixed-length bytes."""
+    path = tmp_path / "trajectory.h5md"
+    written = list(frames(1, range(2)))
+    output = H5MDWriter(path, 1)
+    for frame in written:
+        output.write(frame)
+    output.close()
+    with h5py.File(path, "r+") as file:
+        file.move("particles/trajectory", "particles/system_0")
+        file.create_group("observables/system_0")
+        file.move("observables/potential_energy", "observables/system_0/potential_energy")
+        for name, unit in (("particles/system_0/force/value", b"eV Angstrom-1"),
+                           ("observables/system_0/potential_energy/value", b"eV")):  # fmt: skip
+            file[name][...] = file[name][()] * KJ_PER_MOL
+            file[name].attrs["unit"] = np.bytes_(unit)
+        box = file["particles/system_0/box"]
+        box.attrs["boundary"] = np.array([b"periodic"] * 3, dtype="S8")
+    for atoms, frame in zip(read_trajectory(path), written, strict=True):
+        check_same(atoms, frame.atoms[0], 1e-12)
+        assert atoms.get_potential_energy() == pytest.approx(frame.energies[0], abs=1e-12)
+        np.testing.assert_allclose(atoms.get_forces(), frame.forces[0], atol=1e-12)

@@ -1,27 +1,36 @@
 """H5MD 1.1 trajectories (HDF5 through h5py): compressed, chunked by frame, appendable.
 
-Layout, one particle group per system ``i`` of the batch::
+Layout, one particle group per system of the batch: ``trajectory`` for a run of one system,
+``system_<i>`` for system ``i`` of a batch of several::
 
     h5md/                      version = [1, 1]; author/, creator/ (name, version)
-    particles/system_<i>/
+    particles/<group>/
         box/                   dimension = 3, boundary = ["periodic" | "none"] * 3
             edges/{value (T, 3, 3), step (T,), time (T,)}   rows are the lattice vectors
         position/{value (T, N, 3), step, time}              Angstrom
         velocity/{value, step, time}                        Angstrom fs-1 (if velocities given)
-        force/{value, step, time}                           eV Angstrom-1 (if forces given)
+        force/{value, step, time}                           kJ mol-1 Angstrom-1 (if forces given)
         species (N,)                                        atomic numbers
         mass (N,)                                           u (amu)
-    observables/system_<i>/potential_energy/{value (T,), step, time}   eV (if given)
+    observables/potential_energy/{value (T,), step, time}            kJ mol-1, one system
+    observables/system_<i>/potential_energy/{value (T,), step, time} kJ mol-1, a batch
+
+The choices are the ones MDAnalysis's H5MD reader (2.11) understands, so that
+``MDAnalysis.Universe(path)`` reads a one-system file with units converted: it reads a file
+without a topology only from ``particles/trajectory``; it compares ``unit`` attributes as
+``str``, so they are variable-length strings; and it knows no eV, so forces (and, to keep
+the file consistent, energies) are in kJ/mol, its own unit. A batch's system is shown to
+such readers by :func:`system_view`. Times are in fs and every value carries its unit.
 
 Per-atom values are gzip-compressed with the shuffle filter, one frame per chunk, so that an
 append writes new chunks and never rewrites old ones. Within one append the ``step`` entry is
 written last: an entry without its step is incomplete and :func:`truncate_h5md` drops it.
-ASE has no H5MD reader (3.29); :func:`read_h5md` gives ``ase.Atoms`` back.
+ASE has no H5MD reader (3.29); :func:`read_h5md` gives ``ase.Atoms`` back (energies in eV,
+forces in eV/Angstrom).
 """
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import os
 import re
@@ -41,11 +50,38 @@ _SCALAR_CHUNK = 128  # frames per chunk of the small series: step, time, box, en
 # gzip level 1: on float64 coordinates higher levels gain almost nothing (about 13 % in all).
 _COMPRESSION = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 _SYSTEM_GROUP = re.compile(r"^system_(\d+)$")
+# MDAnalysis reads a file without a topology only from this group (its parse_n_atoms).
+SINGLE_GROUP = "trajectory"
+
+KJ_PER_MOL = ase.units.kJ / ase.units.mol  # in eV
+# Unit spellings as MDAnalysis's H5MD reader translates them (H5MD's units module).
+UNITS = {
+    "length": "Angstrom",
+    "time": "fs",
+    "velocity": "Angstrom fs-1",
+    "force": "kJ mol-1 Angstrom-1",
+    "energy": "kJ mol-1",
+    "mass": "u",
+}
+# One stored energy (force) unit in eV (eV/Angstrom); the eV ones are earlier versions' files.
+_IN_EV = {
+    "kJ mol-1": KJ_PER_MOL,
+    "kJ mol-1 Angstrom-1": KJ_PER_MOL,
+    "eV": 1.0,
+    "eV Angstrom-1": 1.0,
+}
 
 
-def system_group(system: int) -> str:
-    """The particle group name of system ``system`` of the batch."""
-    return f"system_{system}"
+def system_group(system: int, n_systems: int) -> str:
+    """The particle group name of system ``system`` of a batch of ``n_systems``."""
+    return SINGLE_GROUP if n_systems == 1 else f"system_{system}"
+
+
+def energy_path(system: int, n_systems: int) -> str:
+    """Where system ``system``'s potential energy is: at the top for a lone system."""
+    if n_systems == 1:
+        return "observables/potential_energy"
+    return f"observables/{system_group(system, n_systems)}/potential_energy"
 
 
 class H5MDWriter:
@@ -60,11 +96,19 @@ class H5MDWriter:
 
         self.path = Path(path)
         self.n_systems = n_systems
+        self._names = [system_group(system, n_systems) for system in range(n_systems)]
         self._file = h5py.File(self.path, "a")
         if "h5md" not in self._file:
             _write_header(self._file)
         self._particles = self._file.require_group("particles")
-        self._observables = self._file.require_group("observables")
+        stray = sorted(set(self._particles) - set(self._names))
+        if stray:
+            self._file.close()
+            raise ValueError(
+                f"{self.path} holds particle groups {stray}, not those of a run of "
+                f"{n_systems} system(s) {self._names} (an earlier FastMACE's layout?): "
+                f"continue it with that version, or start a new run directory"
+            )
 
     def write(self, frame: Frame) -> None:
         if len(frame.atoms) != self.n_systems:
@@ -74,14 +118,12 @@ class H5MDWriter:
             )
         # Check every system before touching the file, so a bad frame leaves no partial entry.
         for system, atoms in enumerate(frame.atoms):
-            name = system_group(system)
-            if name in self._particles:
-                self._check(name, atoms, frame, system)
+            if self._names[system] in self._particles:
+                self._check(atoms, frame, system)
         for system, atoms in enumerate(frame.atoms):
-            name = system_group(system)
-            if name not in self._particles:
-                self._create_system(name, atoms, frame, system)
-            self._append_system(name, atoms, frame, system)
+            if self._names[system] not in self._particles:
+                self._create_system(atoms, frame, system)
+            self._append_system(atoms, frame, system)
         self._file.flush()
 
     def sync(self) -> None:
@@ -97,35 +139,39 @@ class H5MDWriter:
         if self._file.id.valid:
             self._file.close()
 
-    def _create_system(self, name: str, atoms: ase.Atoms, frame: Frame, system: int) -> None:
-        group = self._particles.create_group(name)
+    def _create_system(self, atoms: ase.Atoms, frame: Frame, system: int) -> None:
+        import h5py
+
+        group = self._particles.create_group(self._names[system])
         box = group.create_group("box")
         box.attrs["dimension"] = np.int32(3)
-        box.attrs["boundary"] = np.array(
-            [b"periodic" if periodic else b"none" for periodic in atoms.pbc], dtype="S8"
-        )
-        _create_element(box, "edges", (3, 3), "Angstrom", compress=False)
+        boundary = ["periodic" if periodic else "none" for periodic in atoms.pbc]
+        box.attrs["boundary"] = np.array(boundary, dtype=h5py.string_dtype())
+        _create_element(box, "edges", (3, 3), UNITS["length"], compress=False)
         n_atoms = len(atoms)
-        _create_element(group, "position", (n_atoms, 3), "Angstrom", compress=True)
+        _create_element(group, "position", (n_atoms, 3), UNITS["length"], compress=True)
         if atoms.has("momenta"):
-            _create_element(group, "velocity", (n_atoms, 3), "Angstrom fs-1", compress=True)
+            _create_element(group, "velocity", (n_atoms, 3), UNITS["velocity"], compress=True)
         if frame.forces is not None:
-            _create_element(group, "force", (n_atoms, 3), "eV Angstrom-1", compress=True)
+            _create_element(group, "force", (n_atoms, 3), UNITS["force"], compress=True)
         group.create_dataset("species", data=atoms.get_atomic_numbers().astype(np.int32))
-        group.create_dataset("mass", data=atoms.get_masses()).attrs["unit"] = np.bytes_("u")
+        group.create_dataset("mass", data=atoms.get_masses()).attrs["unit"] = UNITS["mass"]
         if frame.energies is not None:
-            observables = self._observables.require_group(name)
-            _create_element(observables, "potential_energy", (), "eV", compress=False)
+            path = energy_path(system, self.n_systems)
+            parent, name = path.rsplit("/", 1)
+            _create_element(
+                self._file.require_group(parent), name, (), UNITS["energy"], compress=False
+            )
 
-    def _check(self, name: str, atoms: ase.Atoms, frame: Frame, system: int) -> None:
-        group = self._particles[name]
+    def _check(self, atoms: ase.Atoms, frame: Frame, system: int) -> None:
+        group = self._particles[self._names[system]]
         where = f"system {system} at step {frame.step}"
         if not np.array_equal(group["species"][()], atoms.get_atomic_numbers()):
             raise ValueError(f"{where}: the atoms differ from those earlier in the trajectory")
-        boundary = [value == b"periodic" for value in group["box"].attrs["boundary"]]
+        boundary = [_as_str(value) == "periodic" for value in group["box"].attrs["boundary"]]
         if boundary != [bool(value) for value in atoms.pbc]:
             raise ValueError(f"{where}: pbc {atoms.pbc} differs from the trajectory's {boundary}")
-        has_energy = name in self._observables and "potential_energy" in self._observables[name]
+        has_energy = energy_path(system, self.n_systems) in self._file
         for label, stored, given in (
             ("velocities", "velocity" in group, atoms.has("momenta")),
             ("forces", "force" in group, frame.forces is not None),
@@ -138,17 +184,17 @@ class H5MDWriter:
                     f"and every frame must match it"
                 )
 
-    def _append_system(self, name: str, atoms: ase.Atoms, frame: Frame, system: int) -> None:
-        group = self._particles[name]
+    def _append_system(self, atoms: ase.Atoms, frame: Frame, system: int) -> None:
+        group = self._particles[self._names[system]]
         _append(group["box/edges"], frame, np.asarray(atoms.cell, dtype=np.float64))
         _append(group["position"], frame, atoms.get_positions())
         if "velocity" in group:
             _append(group["velocity"], frame, atoms.get_velocities() * ase.units.fs)
         if "force" in group:
-            _append(group["force"], frame, frame.forces[system])
+            _append(group["force"], frame, frame.forces[system] / KJ_PER_MOL)
         if frame.energies is not None:
-            element = self._observables[name]["potential_energy"]
-            _append(element, frame, np.float64(frame.energies[system]))
+            element = self._file[energy_path(system, self.n_systems)]
+            _append(element, frame, np.float64(frame.energies[system] / KJ_PER_MOL))
 
 
 def _write_header(file: Any) -> None:
@@ -158,10 +204,11 @@ def _write_header(file: Any) -> None:
         author = getpass.getuser()
     except (KeyError, OSError):  # no user name in some containers
         author = "unknown"
-    h5md.create_group("author").attrs["name"] = np.bytes_(author)
+    # Python str: h5py stores variable-length strings, which readers get back as str.
+    h5md.create_group("author").attrs["name"] = author
     creator = h5md.create_group("creator")
-    creator.attrs["name"] = np.bytes_("fastmace")
-    creator.attrs["version"] = np.bytes_(__version__)
+    creator.attrs["name"] = "fastmace"
+    creator.attrs["version"] = __version__
 
 
 def _create_element(
@@ -180,10 +227,10 @@ def _create_element(
     value = element.create_dataset(
         "value", shape=(0, *shape), maxshape=(None, *shape), dtype="f8", chunks=chunks, **options
     )
-    value.attrs["unit"] = np.bytes_(unit)
+    value.attrs["unit"] = unit
     series = {"shape": (0,), "maxshape": (None,), "chunks": (_SCALAR_CHUNK,)}
     element.create_dataset("step", dtype="i8", **series)
-    element.create_dataset("time", dtype="f8", **series).attrs["unit"] = np.bytes_("fs")
+    element.create_dataset("time", dtype="f8", **series).attrs["unit"] = UNITS["time"]
 
 
 def _append(element: Any, frame: Frame, value: np.ndarray) -> None:
@@ -256,6 +303,36 @@ def read_h5md(
     return [series[t] for t in range(longest) for series in per_system if t < len(series)]
 
 
+def system_view(path: Path, system: int, view: Path) -> Path:
+    """Write ``view``: a small H5MD file that shows system ``system`` of ``path`` alone.
+
+    Readers that take a file's first or a fixed particle group (MDAnalysis:
+    ``Universe(view)``) then read that system. The view holds HDF5 external links to
+    ``path``'s data, named relative to the view's folder, and copies nothing: keep the two
+    files in place together. ``view`` must not exist yet.
+    """
+    import h5py
+
+    path, view = Path(path), Path(view)
+    with h5py.File(path, "r") as file:
+        names = _particle_groups(file)
+        if not 0 <= system < len(names):
+            raise ValueError(f"{path} holds systems 0 to {len(names) - 1}, not {system}")
+        name = names[system]
+        energy = next((p for p in _energy_paths(file, name) if p in file), None)
+        with h5py.File(view, "x") as out:
+            file.copy(file["h5md"], out, "h5md")
+            target = os.path.relpath(path.resolve(), view.resolve().parent)
+            out.create_group("particles")[SINGLE_GROUP] = h5py.ExternalLink(
+                target, f"/particles/{name}"
+            )
+            if energy is not None:
+                out.create_group("observables")["potential_energy"] = h5py.ExternalLink(
+                    target, f"/{energy}"
+                )
+    return view
+
+
 def _particle_groups(file: Any) -> list[str]:
     if "particles" not in file:
         return []
@@ -286,7 +363,9 @@ def _read_system(file: Any, name: str, index: int, frames: slice | None) -> list
     masses = group["mass"][()] if "mass" in group else None
     cells, pbc = _box(group, selection)
     velocities = _series(group["velocity"], "value", selection) if "velocity" in group else None
-    forces = _series(group["force"], "value", selection) if "force" in group else None
+    forces = None
+    if "force" in group:
+        forces = _series(group["force"], "value", selection) * _in_ev(group["force/value"])
     energies = _energies_by_step(file, name)
 
     structures = []
@@ -315,8 +394,8 @@ def _box(group: Any, selection: np.ndarray) -> tuple[np.ndarray, list[bool]]:
     if "box" not in group:
         return np.zeros((len(selection), 3, 3)), [False] * 3
     box = group["box"]
-    boundary = box.attrs.get("boundary", [b"none"] * 3)
-    pbc = [_as_bytes(value) == b"periodic" for value in boundary]
+    boundary = box.attrs.get("boundary", ["none"] * 3)
+    pbc = [_as_str(value) == "periodic" for value in boundary]
     edges = box.get("edges")
     if edges is None:
         cells = np.zeros((len(selection), 3, 3))
@@ -329,15 +408,34 @@ def _box(group: Any, selection: np.ndarray) -> tuple[np.ndarray, list[bool]]:
     return cells, pbc
 
 
-def _as_bytes(value: Any) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
+def _as_str(value: Any) -> str:
+    """A string attribute as str: earlier versions stored fixed-length bytes."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _in_ev(dataset: Any) -> float:
+    """The factor that turns ``dataset``'s energies (forces) into eV (eV/Angstrom)."""
+    unit = _as_str(dataset.attrs.get("unit", "eV"))
+    if unit not in _IN_EV:
+        raise ValueError(f"{dataset.name}: unit {unit!r} is not one of {sorted(_IN_EV)}")
+    return _IN_EV[unit]
+
+
+def _energy_paths(file: Any, name: str) -> list[str]:
+    """Where particle group ``name``'s potential energy may be."""
+    paths = [f"observables/{name}/potential_energy"]
+    if len(file["particles"]) == 1:  # a lone system's energy is at the top
+        paths.append("observables/potential_energy")
+    return paths
 
 
 def _energies_by_step(file: Any, name: str) -> dict[int, float]:
-    with contextlib.suppress(KeyError):
-        element = file["observables"][name]["potential_energy"]
+    for path in _energy_paths(file, name):
+        if path not in file:
+            continue
+        element = file[path]
         count = min(element["step"].shape[0], element["value"].shape[0])
         steps = element["step"][:count]
-        values = element["value"][:count]
+        values = element["value"][:count] * _in_ev(element["value"])
         return {int(step): float(value) for step, value in zip(steps, values, strict=True)}
     return {}
