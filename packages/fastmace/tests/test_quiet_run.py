@@ -3,7 +3,9 @@ silenced where FastMACE raises them (models/quiet.py, oeq/host_extension.py), an
 
 Each path the H200 run of 2026-12-01 printed warnings on is exercised on the CPU where it can
 be (template models, conversion to cuEquivariance, OpenEquivariance's import with its GPU-side
-notice and without package metadata); the GPU runs themselves are marked ``gpu``.
+notice and without package metadata); the GPU runs themselves are marked ``gpu`` (on the GPU
+machine: ``. .gpu/setup.sh && PYTHONPATH=$PWD/packages/fastmace/src python3 -m pytest -q -m gpu
+packages/fastmace/tests/test_quiet_run.py``, about two minutes).
 """
 
 from __future__ import annotations
