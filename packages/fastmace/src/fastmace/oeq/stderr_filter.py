@@ -45,6 +45,9 @@ class _LineFilter:
 def stderr_lines_dropped(prefix: str) -> Iterator[None]:
     """Within the block, lines written to ``sys.stderr`` that start with ``prefix`` are dropped."""
     user_stream = sys.stderr
+    if user_stream is None:  # no stderr at all (pythonw): nothing to filter
+        yield
+        return
     line_filter = _LineFilter(user_stream, prefix)
     sys.stderr = line_filter  # type: ignore[assignment]
     try:
