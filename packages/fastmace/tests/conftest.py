@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -43,12 +44,13 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_python(
-    code: str, env: dict[str, str], cwd: Path | None = None
+    code: str, env: dict[str, str], cwd: Path | None = None, python_options: Sequence[str] = ()
 ) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter of this environment."""
+    """Run ``code`` in a fresh interpreter of this environment (with ``python_options``)."""
     return subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, *python_options, "-c", code],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
 
 
 def run_fastmace(

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 from importlib import metadata
+from importlib import util as importlib_util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,11 +47,24 @@ DISTRIBUTIONS = (
 )  # fmt: skip
 
 
+# The import names of those that can run from a source tree without package metadata (as
+# OpenEquivariance does on the GPU machine): such a module is recorded as there, version unknown.
+_MODULES = {
+    "mace-torch": "mace", "e3nn": "e3nn", "cuequivariance": "cuequivariance",
+    "cuequivariance-torch": "cuequivariance_torch", "openequivariance": "openequivariance",
+}  # fmt: skip
+
+
 def _version(distribution: str) -> str | None:
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
+        pass
+    module = _MODULES.get(distribution)
+    spec = importlib_util.find_spec(module) if module else None  # finds; imports nothing
+    if spec is None or spec.origin is None:
         return None
+    return f"unknown (no package metadata; {Path(spec.origin).parent})"
 
 
 def checkout_state() -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Library warnings that tell a FastMACE user nothing, silenced around the calls that raise them.
 
-Each is raised inside mace-torch, e3nn or torch about their own code, which FastMACE calls as
-it is; the user can do nothing about it. Filters are set only within :func:`library_noise_
-silenced` (``warnings.catch_warnings``), never process-wide, and match one message each, so
-every other warning still reaches the user.
+Each is raised inside mace-torch, e3nn, cuEquivariance or torch about their own code, which
+FastMACE calls as it is; the user can do nothing about it. Filters are set only within
+:func:`library_noise_silenced` (``warnings.catch_warnings``), never process-wide, and match one
+message each (and, where the text is a generic one, the module it is raised from), so every
+other warning still reaches the user. OpenEquivariance's import notice is silenced where
+FastMACE imports it (:mod:`fastmace.oeq.host_extension`).
 """
 
 from __future__ import annotations
@@ -11,14 +13,66 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 
-NOISE: tuple[tuple[type[Warning], str], ...] = (
-    # e3nn and mace-torch script their modules, and torch's deepcopy and unpickling of scripted
-    # modules go through torch.jit.save/load: deprecations addressed to those libraries.
-    (FutureWarning, r"`torch\.jit\.(script|load|save)` is deprecated"),
-    # mace-torch sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD when imported (contained() removes it
-    # again), and e3nn's load of its own constants right after trips over it.
-    (UserWarning, r"Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected"),
+_JIT_DEPRECATED = r"`torch\.jit\.(script|load|save)` is deprecated"
+
+
+@dataclass(frozen=True)
+class Noise:
+    """One library warning: its category, the start of its message (a regular expression),
+    the module it is attributed to ("" for any) and why it says nothing to a FastMACE user."""
+
+    category: type[Warning]
+    message: str
+    why: str
+    module: str = ""
+
+
+NOISE: tuple[Noise, ...] = (
+    Noise(
+        FutureWarning,
+        _JIT_DEPRECATED,
+        "e3nn and mace-torch script their modules, and torch's deepcopy and unpickling of "
+        "scripted modules go through torch.jit.save/load: deprecations addressed to those "
+        "libraries (torch 2.12 and later).",
+    ),
+    Noise(
+        DeprecationWarning,
+        _JIT_DEPRECATED,
+        "The same deprecations as torch 2.11 words them (seen on the H200 machine, raised "
+        "while mace-torch is imported).",
+    ),
+    Noise(
+        UserWarning,
+        r"Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected",
+        "mace-torch sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD when imported (contained() removes "
+        "it again), and e3nn's load of its own constants right after trips over it.",
+    ),
+    Noise(
+        UserWarning,
+        r"The TorchScript type system doesn't support instance-level annotations on empty "
+        r"non-base types",
+        "e3nn scripts the torch.fx modules it generates (e3nn.util.codegen) whenever mace-torch "
+        "builds a layer (templates, backend conversion); torch's checker then warns about "
+        "torch.fx.GraphModule's own __init__, 14 times for MP-0 medium.",
+    ),
+    Noise(
+        UserWarning,
+        r"To copy construct from a tensor, it is recommended",
+        "mace-torch's backend converters build the new model from the old one's config, whose "
+        "atomic_numbers is a tensor that MACE.__init__ passes to torch.tensor; only that line "
+        "of mace-torch is silenced (a user's own copy construction still warns).",
+        module=r"mace\.modules\.models$",
+    ),
+    Noise(
+        UserWarning,
+        r"cuequivariance_ops_torch is not available\. Falling back to naive implementation",
+        "Raised once per layer when a model is converted to cuEquivariance on the CPU; the plan "
+        "and the run report already say 'cuEquivariance's PyTorch fallback (CPU)', and on a GPU "
+        "without the CUDA kernels FastMACE reports the cueq backend unavailable instead.",
+        module=r"cuequivariance_torch\.",
+    ),
 )
 
 
@@ -27,6 +81,8 @@ def library_noise_silenced() -> Iterator[None]:
     """Within the block, the warnings of :data:`NOISE` are not shown; the filters are put back
     as they were when it ends."""
     with warnings.catch_warnings():
-        for category, message in NOISE:
-            warnings.filterwarnings("ignore", message=message, category=category)
+        for noise in NOISE:
+            warnings.filterwarnings(
+                "ignore", message=noise.message, category=noise.category, module=noise.module
+            )
         yield

@@ -42,12 +42,18 @@ from fastmace.oeq.extension_loader import (
     LOADER_MODULE,
     intercepting_extension_load,
 )
+from fastmace.oeq.stderr_filter import stderr_lines_dropped
 from fastmace.runtime import environment
 from fastmace.runtime.cache import cache_dir, cache_root
 
 PREBUILT, IN_PROCESS, UNAVAILABLE, FAILED = "prebuilt", "in-process", "unavailable", "failed"
-# The start of OpenEquivariance 0.7.0's warning when its extension load raised.
-_OEQ_FALLBACK_NOTICE = "Precompiled extension shared object not found"
+# OpenEquivariance 0.7.0's import notice, which lists its reasons first ("Environment variable
+# OEQ_JIT_EXTENSION=1 is set.", set by FastMACE on a GPU; "Precompiled extension shared object
+# not found.") and then says it falls back to a JIT build: matched wherever that sentence is.
+_OEQ_FALLBACK_NOTICE = r"(?s).*falling back to JIT compilation of OpenEquivariance extension"
+# What OpenEquivariance prints (not warns) at import when it has no package metadata (a source
+# tree on PYTHONPATH); metadata.json records the version as unknown instead (provenance.py).
+_OEQ_VERSION_NOTICE = "Warning: Could not determine oeq version"
 
 
 @dataclass
@@ -220,12 +226,14 @@ def importing_openequivariance() -> Iterator[None]:
     if prepared is None or prepared.how != "not loaded yet" or LOADER_MODULE in sys.modules:
         yield
         return
-    # When FastMACE's answer is "unavailable" (no GPU, say), OEq warns that it falls back to a
-    # JIT build that may wait 5 minutes for a lock: FastMACE never starts that build. The
-    # reason is kept in record() (metadata.json), and the plan says it.
+    # OEq warns that it falls back to a JIT build that may wait 5 minutes for a build lock,
+    # whatever backend is asked for (mace-torch imports it): FastMACE answers that load itself
+    # (_provide: prebuilt, build-once cache in a private directory, or "unavailable"), so no
+    # such wait happens. How the extension was obtained is kept in record() (metadata.json).
     with (
         _variables_set(prepared.variables),
         intercepting_extension_load(_provide),
+        stderr_lines_dropped(_OEQ_VERSION_NOTICE),
         warnings.catch_warnings(),
     ):
         warnings.filterwarnings("ignore", message=_OEQ_FALLBACK_NOTICE, category=UserWarning)
