@@ -20,6 +20,8 @@ _LAZY = {
     "LoadedModel": ("fastmace.models.load", "LoadedModel"),
     "MDResult": ("fastmace.runs", "MDResult"),
     "md": ("fastmace.api", "md"),
+    "relax": ("fastmace.api", "relax"),
+    "RelaxResult": ("fastmace.relaxation", "RelaxResult"),
     "calculator": ("fastmace.ase", "calculator"),
     "Workload": ("fastmace.planner", "Workload"),
     "EngineConfig": ("fastmace.planner", "EngineConfig"),
@@ -51,6 +53,7 @@ __all__ = [
     "LoadedModel",
     "MDResult",
     "Plan",
+    "RelaxResult",
     "RunnerConfig",
     "RuntimeInfo",
     "Workload",
@@ -58,5 +61,6 @@ __all__ = [
     "calculator",
     "load",
     "md",
+    "relax",
     "runtime_info",
 ]

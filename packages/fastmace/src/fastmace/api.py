@@ -1,4 +1,4 @@
-"""``fm.md``: molecular dynamics of a structure with a MACE model, in one call."""
+"""``fm.md`` and ``fm.relax``: molecular dynamics and relaxation of a structure, in one call."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from fastmace.vocabulary import (
 
 if TYPE_CHECKING:
     from fastmace.planner import EngineConfig, GuardConfig, Plan
+    from fastmace.relaxation import RelaxResult
     from fastmace.runner import RunnerConfig
     from fastmace.simulation import MDResult
 
@@ -250,3 +251,71 @@ def md(
             runner=runner_record(runner, in_child=_in_child_process),
         )  # fmt: skip
         return simulation.run()
+
+
+def relax(
+    structure: Structure,
+    *,
+    model: str | os.PathLike[str] = "demo-emt-cu",
+    head: str | None = None,
+    fmax: float = 0.05,
+    steps: int = 1000,
+    cell: bool = False,
+    pressure_GPa: float = 0.0,
+    max_step_A: float = 0.2,
+    output: str | os.PathLike[str] | None = None,
+    repeat: Sequence[int] | int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    backend: str | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    sha256: str | None = None,
+    trusted: bool = False,
+    config: EngineConfig | None = None,
+    progress: TextIO | None = None,
+) -> RelaxResult:
+    """Relax ``structure`` (one or several systems, batched) with FIRE, on the device.
+
+    Each system stops at its own convergence: its largest force below ``fmax`` (eV/Å), with
+    ``cell=True`` also the cell's generalised forces, as ASE's ``FIRE`` with
+    ``FrechetCellFilter`` (at ``pressure_GPa``; periodic structures only). ``steps`` bounds the
+    iterations; a system not converged by then is reported as such, not raised. FIRE's
+    parameters are ASE's defaults, ``max_step_A`` its largest move per iteration.
+
+    ``model``, ``head``, ``checkpoint``, ``sha256``, ``trusted``, ``device``, ``dtype``,
+    ``backend`` and ``config`` are as for :func:`fm.md <fastmace.api.md>`, and the run is planned
+    the same way. With ``output`` a new directory receives ``relaxed.extxyz``, ``relax.csv``
+    (per block and system: energy, enthalpy, largest force, volume), ``metadata.json`` and
+    ``report.txt`` (docs/relax.md).
+    """
+    from fastmace.dynamics.relax import FireSettings
+    from fastmace.machine import probe_availabilities
+    from fastmace.models.load import load
+    from fastmace.planner import Workload, make_plan
+    from fastmace.relaxation import Relaxation
+    from fastmace.structures import read_structures
+
+    settings = FireSettings(fmax=fmax, cell=cell, pressure_GPa=pressure_GPa, max_step_A=max_step_A)
+    if isinstance(steps, bool) or not (isinstance(steps, int) and steps >= 0):
+        raise ValueError(f"steps must be a whole number >= 0, got {steps!r}")
+    structures = read_structures(structure, repeat)
+    config = engine_config(config, backend=backend, dtype=dtype)
+    # Planned as the NVE run of the same systems: device, backend, dtype, graphs, block length
+    # and the neighbour list's settings do not depend on the integrator.
+    workload = Workload.from_structures(
+        structures, ensemble="nve", steps=max(steps, 1), device=device or "auto"
+    )
+    plan = make_plan(workload, config, probe_availabilities())
+    engine = plan.engine_settings()
+    with environment.restored(plan.environment_values()):
+        plan.apply_environment()
+        _say_if_cuda_started(plan)
+        loaded = load(
+            model, head=head, checkpoint=checkpoint, sha256=sha256, trusted=trusted,
+            download=False, backend=engine.backend, device=engine.device, dtype=engine.dtype,
+        )  # fmt: skip
+        relaxation = Relaxation(
+            loaded, structures, settings, max_steps=steps, engine=engine, output=output,
+            progress=progress,
+        )  # fmt: skip
+        return relaxation.run()

@@ -39,9 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(handler=_doctor)
 
-    from fastmace.cli import md, models
+    from fastmace.cli import md, models, relax
 
     md.add_parsers(commands)
+    relax.add_parser(commands)
     models.add_parser(commands)
     return parser
 
