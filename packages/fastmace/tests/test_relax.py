@@ -21,6 +21,7 @@ import fastmace as fm
 from fastmace.dynamics.matrix_exp import matrix_exp, matrix_exp_frechet
 from fastmace.dynamics.relax import FireSettings, inverse_3x3
 from fastmace.models.load import load
+from fastmace.planner import EngineSettings
 from fastmace.relaxation import Relaxation
 from fastmace.vocabulary import EV_PER_A3_PER_GPA
 
@@ -28,6 +29,11 @@ from fastmace.vocabulary import EV_PER_A3_PER_GPA
 @pytest.fixture(scope="module")
 def demo():
     return load("demo-emt-cu")
+
+
+# Short blocks: the engine stops at a block's end, so a test wastes fewer iterations after
+# convergence (each costs a model evaluation on the CPU).
+SHORT_BLOCKS = EngineSettings(block_steps=10)
 
 
 def copper(seed: int, a: float = 3.61, repeat=(2, 1, 1)) -> ase.Atoms:
@@ -71,11 +77,13 @@ def test_matrix_exp_and_its_frechet_derivative_match_scipy():
 def test_a_batch_relaxes_each_system_as_ase_fire_does_alone(demo):
     """Two systems of different sizes in one batch: each takes ASE's FIRE path (same number of
     iterations, same positions) and stops at its own convergence while the other goes on."""
-    structures = [copper(1), copper(2, repeat=(2, 2, 1))]
-    result = Relaxation(demo, structures, FireSettings(fmax=0.02), max_steps=300).run()
+    structures = [copper(1), copper(2, repeat=(1, 1, 1))]
+    result = Relaxation(
+        demo, structures, FireSettings(fmax=0.05), max_steps=300, engine=SHORT_BLOCKS
+    ).run()
     assert result.converged == [True, True]
     for index, atoms in enumerate(structures):
-        reference, iterations = ase_fire(atoms, fmax=0.02)
+        reference, iterations = ase_fire(atoms, fmax=0.05)
         assert result.iterations[index] == iterations
         np.testing.assert_allclose(
             result.structures[index].positions, reference.positions, atol=1e-8
@@ -83,7 +91,7 @@ def test_a_batch_relaxes_each_system_as_ase_fire_does_alone(demo):
         assert result.energies_eV[index] == pytest.approx(
             reference.get_potential_energy(), abs=1e-9
         )
-        assert result.fmax_eV_per_A[index] < 0.02
+        assert result.fmax_eV_per_A[index] < 0.05
     assert result.iterations[0] != result.iterations[1]  # each stopped on its own
 
 
@@ -92,16 +100,20 @@ def test_cell_relaxation_under_pressure_follows_ase_frechet_cell_filter(demo):
     strained.set_cell(strained.cell[:] @ np.array([[1.0, 0.03, 0], [0, 0.98, 0], [0, 0, 1.02]]),
                       scale_atoms=True)  # fmt: skip
     result = Relaxation(
-        demo, [strained], FireSettings(fmax=0.01, cell=True, pressure_GPa=2.0), max_steps=400
+        demo,
+        [strained],
+        FireSettings(fmax=0.03, cell=True, pressure_GPa=2.0),
+        max_steps=400,
+        engine=SHORT_BLOCKS,
     ).run()
-    reference, iterations = ase_fire(strained, fmax=0.01, cell=True, pressure_GPa=2.0)
+    reference, iterations = ase_fire(strained, fmax=0.03, cell=True, pressure_GPa=2.0)
     assert result.converged == [True] and result.iterations == [iterations]
     relaxed = result.structures[0]
     np.testing.assert_allclose(relaxed.cell[:], reference.cell[:], atol=1e-7)
     np.testing.assert_allclose(relaxed.positions, reference.positions, atol=1e-7)
     # At 2 GPa the stress is -2 GPa on the diagonal (ASE's sign), to the force tolerance.
     stress_GPa = relaxed.get_stress(voigt=False) / EV_PER_A3_PER_GPA
-    np.testing.assert_allclose(stress_GPa, -2.0 * np.eye(3), atol=0.2)
+    np.testing.assert_allclose(stress_GPa, -2.0 * np.eye(3), atol=0.5)
 
 
 def test_fm_relax_writes_its_directory_and_refuses_a_used_one(tmp_path):
