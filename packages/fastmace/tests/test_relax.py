@@ -158,3 +158,27 @@ def test_fastmace_relax_on_the_command_line(clean_env, tmp_path):
     output = tmp_path / "short"
     done = run_fastmace(["relax", str(structure), "--steps", "2", "-o", str(output)], clean_env)
     assert done.returncode == 2 and "NOT converged after 2 iterations" in done.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cell", [False, True])
+def test_captured_relaxation_on_the_gpu_matches_the_eager_one(cell):
+    """On CUDA the FIRE blocks are captured as graphs; they end where eager blocks end."""
+    model = load("demo-emt-cu", device="cuda")
+    structures = [copper(6, a=3.66), copper(7, a=3.58, repeat=(1, 1, 1))]
+    settings = FireSettings(fmax=0.02, cell=cell)
+    runs = {
+        graphs: Relaxation(
+            model, structures, settings, max_steps=300,
+            engine=EngineSettings(device="cuda", block_steps=10, graphs=graphs),
+        )  # fmt: skip
+        for graphs in (False, True)
+    }
+    results = {graphs: relaxation.run() for graphs, relaxation in runs.items()}
+    assert runs[True].engine.capture and runs[True].engine.capture_failure is None
+    assert results[True].iterations == results[False].iterations
+    assert all(results[True].converged)
+    for captured, eager in zip(results[True].structures, results[False].structures, strict=True):
+        np.testing.assert_allclose(captured.positions, eager.positions, atol=1e-9)
+        np.testing.assert_allclose(captured.cell[:], eager.cell[:], atol=1e-9)
