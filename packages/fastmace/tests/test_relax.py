@@ -170,9 +170,12 @@ def test_captured_relaxation_on_the_gpu_matches_the_eager_one(cell):
     settings = FireSettings(fmax=0.02, cell=cell)
     runs = {
         graphs: Relaxation(
-            model, structures, settings, max_steps=300,
+            model,
+            structures,
+            settings,
+            max_steps=300,
             engine=EngineSettings(device="cuda", block_steps=10, graphs=graphs),
-        )  # fmt: skip
+        )
         for graphs in (False, True)
     }
     results = {graphs: relaxation.run() for graphs, relaxation in runs.items()}
