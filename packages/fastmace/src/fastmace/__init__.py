@@ -28,6 +28,7 @@ _LAZY = {
     "GuardConfig": ("fastmace.planner", "GuardConfig"),
     "Plan": ("fastmace.planner", "Plan"),
     "RunnerConfig": ("fastmace.runner", "RunnerConfig"),
+    "TemperatureSchedule": ("fastmace.protocol", "TemperatureSchedule"),
 }
 
 
@@ -56,6 +57,7 @@ __all__ = [
     "RelaxResult",
     "RunnerConfig",
     "RuntimeInfo",
+    "TemperatureSchedule",
     "Workload",
     "__version__",
     "calculator",

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from fastmace.protocol import TemperatureSchedule
 from fastmace.runtime import environment
 from fastmace.structures import Structure
 from fastmace.vocabulary import (
@@ -106,6 +107,7 @@ def md(
     reproducible: bool = False,
     config: EngineConfig | None = None,
     runner: RunnerConfig | None = None,
+    temperature_schedule: Any = None,
     _in_child_process: bool = False,
     **ensemble_settings: Any,
 ) -> MDResult:
@@ -143,6 +145,12 @@ def md(
     The plan is the one carrier of these settings to the model, the engine and the neighbour
     list. ``reproducible=True`` sets the determinism variables.
 
+    ``temperature_schedule`` anneals, quenches or heats (Langevin, CSVR and NPT): a list of
+    ``(step, temperature_K)`` points from step 0, followed linearly, or
+    ``fm.TemperatureSchedule(points, mode="step")`` to hold each until the next; the target is
+    set on the device before every block (docs/md.md). ``temperature_K`` may be left out; the
+    velocities start at the first point unless ``initial_temperature_K`` says otherwise.
+
     ``check="gate"`` compares the model as the engine runs it with mace-torch's float64 e3nn
     model on the structure (the first of a batch; above 4096 atoms the cell before ``repeat``,
     a periodic sub-cell the structure repeats, or else a cluster cut from it:
@@ -160,6 +168,8 @@ def md(
         del arguments[name]
     called = time.perf_counter()  # the start of the run's start-up timings
     arguments.update(ensemble_settings)
+    if isinstance(temperature_schedule, TemperatureSchedule):  # plain data for a child process
+        arguments["temperature_schedule"] = temperature_schedule.to_dict()
     if check not in (None, "gate"):
         raise ValueError(f"check must be None or 'gate', got {check!r}")
     if "capture" in ensemble_settings:
@@ -189,6 +199,11 @@ def md(
     from fastmace.models.load import load
     from fastmace.simulation import RunSettings, Simulation
 
+    schedule = (
+        None if temperature_schedule is None else TemperatureSchedule.coerce(temperature_schedule)
+    )
+    if schedule is not None and ensemble_settings.get("temperature_K") is None:
+        ensemble_settings["temperature_K"] = schedule.points[0][1]  # the schedule's start
     chosen = make_ensemble(ensemble, **ensemble_settings)
     if timestep_fs is None:  # a resumed run keeps its timestep unless another is given
         from fastmace.resuming import saved_timestep_fs
@@ -220,6 +235,7 @@ def md(
         schedule=OutputSchedule(trajectory_every, thermo_every, restart_every),
         initial_temperature_K=initial_temperature_K,
         trajectory_format=trajectory_format,
+        temperature_schedule=schedule,
     )
     # The plan's variables hold for this run only: the user's environment is given back after.
     with environment.restored(plan.environment_values()):

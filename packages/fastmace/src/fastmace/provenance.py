@@ -180,6 +180,11 @@ def settings_record(settings: RunSettings, engine: EngineSettings) -> dict[str, 
         "skin_A": engine.skin_A,
         "capture": engine.graphs,
         "trajectory_format": settings.trajectory_format,
+        "temperature_schedule": (
+            None
+            if settings.temperature_schedule is None
+            else settings.temperature_schedule.to_dict()
+        ),
     }
 
 
@@ -333,7 +338,10 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         f"backend:   {model.backend}: {_backend_reason(simulation)}",
         f"structure: {formulas}",
         f"run:       {settings.ensemble.describe()}, {result.steps} steps of "
-        f"{settings.timestep_fs} fs, seed {settings.seed}",
+        f"{settings.timestep_fs} fs, seed {settings.seed}"
+        + (
+            f"; {settings.temperature_schedule.describe()}" if settings.temperature_schedule else ""
+        ),
         f"engine:    {simulation.block_steps} steps per launch, {graphs}, edge capacity "
         f"{neighbours.capacity} ({neighbours.method}; model edges "
         f"{neighbours.cutoff_capacity}), list regrown {engine.regrowths}x",

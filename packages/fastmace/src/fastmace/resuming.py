@@ -44,6 +44,11 @@ def physics_record(settings: RunSettings, model: LoadedModel, n_systems: int) ->
         "head": model.head,
         "dtype": model.dtype,
         "seed": settings.seed,
+        "temperature_schedule": (
+            None
+            if settings.temperature_schedule is None
+            else settings.temperature_schedule.to_dict()
+        ),
     }
 
 
@@ -131,8 +136,8 @@ def _differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:
             f"model: saved {saved.get('model')} ({str(saved.get('model_content_hash'))[:12]}), "
             f"requested {requested['model']} ({requested['model_content_hash'][:12]})"
         )
-    for name in ("head", "dtype", "seed"):
-        if saved.get(name) != requested[name]:
+    for name in ("head", "dtype", "seed", "temperature_schedule"):
+        if saved.get(name) != requested[name]:  # restarts from before schedules hold None
             found.append(f"{name}: saved {saved.get(name)}, requested {requested[name]}")
     return found
 

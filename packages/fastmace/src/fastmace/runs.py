@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import ase
 
 from fastmace.io.schedule import OutputSchedule
+from fastmace.protocol import TemperatureSchedule
 
 if TYPE_CHECKING:
     from fastmace.dynamics.ensembles import Ensemble
@@ -33,14 +34,21 @@ class RunSettings:
     initial_temperature_K: float | None = None
     """Draw Maxwell-Boltzmann velocities at this temperature (None: keep the structure's)."""
     trajectory_format: str = "auto"
+    temperature_schedule: TemperatureSchedule | None = None
+    """The thermostat's target over the run (anneal, quench); None: the ensemble's own."""
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
             raise ValueError(f"steps must be a non-negative whole number, got {self.steps!r}")
+        if self.temperature_schedule is not None:
+            self.temperature_schedule.check_ensemble(self.ensemble.name)
 
     def block_steps_for(self, block_steps: int) -> int:
-        """``block_steps`` (K), shortened so that every output interval is whole blocks."""
+        """``block_steps`` (K), shortened so that every output interval is whole blocks and
+        every change of a stepwise temperature schedule falls on a block's start."""
         intervals = [v for v in dataclasses.asdict(self.schedule).values() if v > 0]
+        if self.temperature_schedule is not None:
+            intervals += list(self.temperature_schedule.change_steps())
         return math.gcd(block_steps, *intervals)
 
 

@@ -26,6 +26,7 @@ from fastmace.dynamics.engine import Engine, ForceField, generators_of, tensors_
 from fastmace.dynamics.errors import SimulationError
 from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import maxwell_boltzmann_velocities
+from fastmace.dynamics.integrators.units import KB_EV_PER_K
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
 from fastmace.dynamics.potential import Potential
@@ -132,11 +133,12 @@ class Simulation:
             force_field.search_every = int(saved_every or force_field.search_every)
         # The last restart on disk, with its step: where a failed run can be resumed from.
         self.last_restart: int | None = None if restart is None else restart.step
-        guard = self.engine_settings.guard
+        guard, schedule = self.engine_settings.guard, settings.temperature_schedule
         self.guard = (
             Guard(
                 md, guard, skin_A=neighbours.skin,
                 references=restart.payload.get("guard") if restart is not None else None,
+                hottest_target_K=schedule.hottest_K() if schedule is not None else 0.0,
             )
             if guard.enabled
             else None
@@ -278,6 +280,14 @@ class Simulation:
             self.last_restart = step
         return rows
 
+    def _follow_schedule(self, first_step: int, steps: int) -> None:
+        """Set the thermostat's target for the next block from the temperature schedule: a
+        fill on the device, read by the captured block like any other input (no sync)."""
+        schedule = self.settings.temperature_schedule
+        if schedule is not None:
+            temperature = schedule.block_temperature(first_step, steps)
+            self.engine.md.kT.fill_(temperature * KB_EV_PER_K)
+
     def _time_first_step(self) -> None:
         """Start-up as the user sees it: to the end of the first block, from the request and
         from the process's start (the ``fastmace md`` command; Linux only)."""
@@ -303,6 +313,7 @@ class Simulation:
                 rows = self._write_outputs(0, final=total == 0)
             while step < total:
                 steps = min(self.block_steps, total - step)
+                self._follow_schedule(step, steps)
                 tick = time.perf_counter()
                 try:
                     self.engine.run_block(steps)  # the block's one host synchronisation

@@ -57,7 +57,10 @@ class Guard:
         *,
         skin_A: float,
         references: Mapping[str, Any] | None = None,
+        hottest_target_K: float = 0.0,
     ) -> None:
+        """``hottest_target_K``: the highest target a temperature schedule will ask for, so
+        that heating by schedule is not taken for a blow-up."""
         self.config = config
         state, device = md.state, md.state.device
         saved = references or {}
@@ -68,9 +71,10 @@ class Guard:
             atoms = system_sum(torch.ones_like(state.masses), state.system, state.n_systems)
         kT = getattr(md, "kT", None)
         target = np.zeros(state.n_systems) if kT is None else kT.cpu().numpy() / KB_EV_PER_K
-        reference = np.maximum.reduce(
-            [target, start_temperature, np.full(state.n_systems, GUARD_TEMPERATURE_FLOOR_K)]
-        )
+        reference = np.maximum.reduce([
+            target, start_temperature, np.full(state.n_systems, GUARD_TEMPERATURE_FLOOR_K),
+            np.full(state.n_systems, hottest_target_K),
+        ])  # fmt: skip
         self.temperature_reference_K = _saved(saved, "temperature_reference_K", reference)
         self.npt = isinstance(md, NPTState)
         self.energy_bound = config.energy_per_atom_eV * (GUARD_NPT_ENERGY_FACTOR if self.npt else 1)

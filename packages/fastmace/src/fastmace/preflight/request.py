@@ -26,11 +26,18 @@ from fastmace.preflight.ensemble import (
 )
 from fastmace.preflight.model import check_model
 from fastmace.preflight.output import check_output_settings, check_run_directory
-from fastmace.preflight.values import switch, whole
+from fastmace.preflight.values import RequestError, switch, whole
+from fastmace.protocol import ScheduleError, TemperatureSchedule
 from fastmace.runtime import environment
 from fastmace.runtime.cache import cache_root
 from fastmace.structures import Structure, read_structures
-from fastmace.vocabulary import DEFAULT_ENSEMBLE, DEFAULT_TIMESTEP_FS, ENSEMBLE_SETTINGS
+from fastmace.vocabulary import (
+    DEFAULT_ENSEMBLE,
+    DEFAULT_TIMESTEP_FS,
+    ENSEMBLE_SETTINGS,
+    EnsembleError,
+    canonical_ensemble,
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,36 @@ def check_arguments(arguments: Mapping[str, Any], look: bool = True) -> str:
             switch(name, arguments[name])
     check_output_settings(dict(arguments))
     settings = {name: arguments.get(name) for name in ENSEMBLE_SETTINGS}
-    return check_settings(arguments.get("ensemble", DEFAULT_ENSEMBLE), settings, timestep_fs)
+    name = arguments.get("ensemble", DEFAULT_ENSEMBLE)
+    if arguments.get("temperature_schedule") is not None:
+        schedule = check_temperature_schedule(arguments["temperature_schedule"], name, settings)
+        settings["temperature_K"] = schedule.points[0][1]  # the run starts where it starts
+    return check_settings(name, settings, timestep_fs)
+
+
+def check_temperature_schedule(
+    value: Any, ensemble: Any, settings: Mapping[str, Any]
+) -> TemperatureSchedule:
+    """A well-formed schedule that ``ensemble`` can follow, starting at the run's
+    ``temperature_K`` if that is given (an unknown ensemble is left to its own check)."""
+    try:
+        schedule = TemperatureSchedule.coerce(value)
+        try:
+            canonical = canonical_ensemble(ensemble)
+        except (EnsembleError, TypeError):
+            canonical = None
+        if canonical is not None:
+            schedule.check_ensemble(canonical)
+    except ScheduleError as error:
+        raise RequestError(str(error), "temperature_schedule") from None
+    start, temperature_K = schedule.points[0][1], settings.get("temperature_K")
+    if temperature_K is not None and temperature_K != start:
+        raise RequestError(
+            f"temperature_K={temperature_K!r} and a temperature schedule that starts at "
+            f"{start:g} K: give one of them, or make the schedule start at temperature_K",
+            "temperature_schedule",
+        )
+    return schedule
 
 
 def check_environment(extra: Mapping[str, str] | None = None) -> None:
