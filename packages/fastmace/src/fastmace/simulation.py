@@ -25,7 +25,7 @@ from fastmace.dynamics.checks import check_structures
 from fastmace.dynamics.engine import Engine, ForceField, generators_of, tensors_of
 from fastmace.dynamics.errors import SimulationError
 from fastmace.dynamics.guard import Guard
-from fastmace.dynamics.integrators import maxwell_boltzmann_velocities
+from fastmace.dynamics.integrators import make_generator, maxwell_boltzmann_velocities
 from fastmace.dynamics.integrators.units import KB_EV_PER_K
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
@@ -90,9 +90,13 @@ class Simulation:
         self.physics = physics_record(settings, model, state.n_systems)
         if resume:  # before the run directory is cut back to its restart: a refusal changes nothing
             self._check_resume(output, state)
+        # One stream from the seed, for the velocities and then the integrator's noise: two
+        # generators seeded alike made Langevin's first noise repeat the velocities' draw, a
+        # kick of 12% of the kinetic energy at 1/ps (38% at 10/ps) on the first step.
+        self.generator = make_generator(settings.seed, state.device)
         if settings.initial_temperature_K is not None and not resume:
             state = maxwell_boltzmann_velocities(
-                state, settings.initial_temperature_K, settings.seed
+                state, settings.initial_temperature_K, self.generator
             )
         restart = None
         if output is not None:
@@ -186,7 +190,7 @@ class Simulation:
         """The integrator's start; the first forces are recomputed until the list fits."""
         settings = self.settings
         while True:
-            md = settings.ensemble.init(state, force_field, settings.timestep_fs, settings.seed)
+            md = settings.ensemble.init(state, force_field, settings.timestep_fs, self.generator)
             if not overflowed(force_field.edges):  # host read, once, outside the hot path
                 return md
             force_field.neighbours, force_field.edges = regrow(force_field.neighbours, state)

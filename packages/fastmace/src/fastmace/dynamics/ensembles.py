@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from fastmace.dynamics import integrators
 from fastmace.dynamics.integrators import ComputeFn, MDState
 from fastmace.dynamics.state import State
@@ -53,9 +55,12 @@ class Ensemble:
     def stochastic(self) -> bool:
         return _TABLE[self.name][2]
 
-    def init(self, state: State, compute: ComputeFn, timestep_fs: float, seed: int) -> MDState:
+    def init(
+        self, state: State, compute: ComputeFn, timestep_fs: float, rng: int | torch.Generator
+    ) -> MDState:
+        """The integrator's start; ``rng`` (a seed or a generator) feeds a stochastic one."""
         init = _TABLE[self.name][0]
-        extra = {"rng": seed} if self.stochastic else {}
+        extra = {"rng": rng} if self.stochastic else {}
         return init(state, compute, timestep_fs=timestep_fs, **self.settings, **extra)
 
     @property

@@ -166,12 +166,15 @@ def cell_strain(md: NPTState) -> torch.Tensor:
     """(S, 3, 3) symmetric strain increment ε of one step of stochastic cell rescaling."""
     state, dt = md.state, md.timestep
     volume = cell_volume(state.cell)
-    pressure = pressure_tensor(state, md.stress)
+    # Bernetti and Bussi's kT/V on the diagonal: the kinetic pressure counts the 3N - 3 degrees
+    # of freedom left with the COM momentum removed, while the positions scale as V^N; without
+    # it the volume samples V^(N-1) exp(-PV/kT) (an ideal gas: <V> = N kT/P, not (N + 1) kT/P).
+    eye = torch.eye(3, dtype=torch.float64, device=state.device)
+    pressure = pressure_tensor(state, md.stress) + (md.kT / volume)[:, None, None] * eye
     # per component: relaxation with beta/3, noise of variance 2 kT (beta/3) dt / (V tau_p)
     rate = md.compressibility * dt / (3.0 * md.barostat_tau)
     noise = torch.sqrt(2.0 * md.kT * rate / volume)
     n_systems, options = state.n_systems, {"dtype": torch.float64, "device": state.device}
-    eye = torch.eye(3, **options)
     if md.cell_mode == "isotropic":
         scalar = pressure.diagonal(dim1=1, dim2=2).mean(dim=1)
         xi = torch.randn(n_systems, generator=md.generator, **options)
