@@ -29,6 +29,7 @@ _LAZY = {
     "Plan": ("fastmace.planner", "Plan"),
     "RunnerConfig": ("fastmace.runner", "RunnerConfig"),
     "TemperatureSchedule": ("fastmace.protocol", "TemperatureSchedule"),
+    "PressureSchedule": ("fastmace.protocol", "PressureSchedule"),
 }
 
 
@@ -54,6 +55,7 @@ __all__ = [
     "LoadedModel",
     "MDResult",
     "Plan",
+    "PressureSchedule",
     "RelaxResult",
     "RunnerConfig",
     "RuntimeInfo",

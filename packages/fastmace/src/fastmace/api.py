@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fastmace.protocol import TemperatureSchedule
+from fastmace.protocol import PressureSchedule, TemperatureSchedule
 from fastmace.runtime import environment
 from fastmace.structures import Structure
 from fastmace.vocabulary import (
@@ -108,6 +108,7 @@ def md(
     config: EngineConfig | None = None,
     runner: RunnerConfig | None = None,
     temperature_schedule: Any = None,
+    pressure_schedule: Any = None,
     _in_child_process: bool = False,
     **ensemble_settings: Any,
 ) -> MDResult:
@@ -150,6 +151,8 @@ def md(
     ``fm.TemperatureSchedule(points, mode="step")`` to hold each until the next; the target is
     set on the device before every block (docs/md.md). ``temperature_K`` may be left out; the
     velocities start at the first point unless ``initial_temperature_K`` says otherwise.
+    ``pressure_schedule`` does the same for the NPT barostat's target, in GPa
+    (``fm.PressureSchedule``).
 
     ``check="gate"`` compares the model as the engine runs it with mace-torch's float64 e3nn
     model on the structure (the first of a batch; above 4096 atoms the cell before ``repeat``,
@@ -168,8 +171,10 @@ def md(
         del arguments[name]
     called = time.perf_counter()  # the start of the run's start-up timings
     arguments.update(ensemble_settings)
-    if isinstance(temperature_schedule, TemperatureSchedule):  # plain data for a child process
-        arguments["temperature_schedule"] = temperature_schedule.to_dict()
+    for name, given in (("temperature_schedule", temperature_schedule),
+                        ("pressure_schedule", pressure_schedule)):  # fmt: skip
+        if isinstance(given, TemperatureSchedule):  # plain data for a child process
+            arguments[name] = given.to_dict()
     if check not in (None, "gate"):
         raise ValueError(f"check must be None or 'gate', got {check!r}")
     if "capture" in ensemble_settings:
@@ -204,6 +209,9 @@ def md(
     )
     if schedule is not None and ensemble_settings.get("temperature_K") is None:
         ensemble_settings["temperature_K"] = schedule.points[0][1]  # the schedule's start
+    pressures = None if pressure_schedule is None else PressureSchedule.coerce(pressure_schedule)
+    if pressures is not None and ensemble_settings.get("pressure_GPa") is None:
+        ensemble_settings["pressure_GPa"] = pressures.points[0][1]
     chosen = make_ensemble(ensemble, **ensemble_settings)
     if timestep_fs is None:  # a resumed run keeps its timestep unless another is given
         from fastmace.resuming import saved_timestep_fs
@@ -236,6 +244,7 @@ def md(
         initial_temperature_K=initial_temperature_K,
         trajectory_format=trajectory_format,
         temperature_schedule=schedule,
+        pressure_schedule=pressures,
     )
     # The plan's variables hold for this run only: the user's environment is given back after.
     with environment.restored(plan.environment_values()):

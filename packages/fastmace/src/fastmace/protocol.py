@@ -1,11 +1,11 @@
-"""Temperature schedules for MD: anneal, quench, heat, step between temperatures.
+"""Temperature and pressure schedules for MD: anneal, quench, heat, compress, decompress.
 
-Plain data, no torch. A schedule is a list of (step, temperature) points, the first at step 0,
+Plain data, no torch. A schedule is a list of (step, value) points, the first at step 0,
 followed linearly ("linear") or held until the next point ("step"). The engine sets each
-block's target temperature on the device before the block runs (a copy into the thermostat's
-target, so captured blocks replay unchanged): a "step" schedule's points fall on block starts
-(the block length divides them), and a "linear" one is followed block by block, each block at
-the temperature of its middle step.
+block's target (temperature, or pressure under NPT) on the device before the block runs (a
+copy into the integrator's target, so captured blocks replay unchanged): a "step" schedule's
+points fall on block starts (the block length divides them), and a "linear" one is followed
+block by block, each block at the value of its middle step.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ SCHEDULED_ENSEMBLES = ("nvt-langevin", "nvt-csvr", "npt")
 
 
 class ScheduleError(ValueError):
-    """A temperature schedule that cannot be run; the message says what to change."""
+    """A schedule that cannot be run; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -34,34 +34,41 @@ class TemperatureSchedule:
     points: tuple[tuple[int, float], ...]
     mode: str = "linear"
 
+    quantity = "temperature"  # class constants: what a schedule of this kind sets
+    unit = "K"
+    minimum = 0.0
+    ensembles = SCHEDULED_ENSEMBLES
+
     def __post_init__(self) -> None:
         if self.mode not in SCHEDULE_MODES:
             raise ScheduleError(
-                f"temperature schedule mode {self.mode!r} is not allowed: use "
+                f"{self.quantity} schedule mode {self.mode!r} is not allowed: use "
                 f"{' or '.join(repr(mode) for mode in SCHEDULE_MODES)}"
             )
         try:
-            points = tuple((step, temperature) for step, temperature in self.points)
+            points = tuple((step, value) for step, value in self.points)
         except (TypeError, ValueError):
             raise ScheduleError(
-                f"a temperature schedule is a list of (step, temperature_K) pairs, got "
+                f"a {self.quantity} schedule is a list of (step, {self.quantity}) pairs, got "
                 f"{self.points!r:.80}"
             ) from None
         if not points or points[0][0] != 0:
             raise ScheduleError(
-                "a temperature schedule starts at step 0: give [(0, T0), (step, T1), ...]"
+                f"a {self.quantity} schedule starts at step 0: give [(0, value), (step, value), "
+                "...]"
             )
-        for step, temperature in points:
+        for step, value in points:
             if isinstance(step, bool) or not isinstance(step, int) or step < 0:
                 raise ScheduleError(f"schedule step {step!r} is not a whole number >= 0")
             if (
-                isinstance(temperature, bool)
-                or not isinstance(temperature, int | float)
-                or not (math.isfinite(temperature) and temperature >= 0)
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (math.isfinite(value) and value >= self.minimum)
             ):
+                bound = "" if self.minimum == -math.inf else f" >= {self.minimum:g}"
                 raise ScheduleError(
-                    f"schedule temperature {temperature!r} at step {step} is not a temperature "
-                    "in K (a finite number >= 0)"
+                    f"schedule {self.quantity} {value!r} at step {step} is not a {self.quantity} "
+                    f"in {self.unit} (a finite number{bound})"
                 )
         steps = [step for step, _ in points]
         if any(later <= earlier for earlier, later in pairwise(steps)):
@@ -70,9 +77,11 @@ class TemperatureSchedule:
 
     @classmethod
     def coerce(cls, value: Any, mode: str | None = None) -> TemperatureSchedule:
-        """A schedule from itself, from a list of (step, temperature_K) pairs (followed
+        """A schedule from itself, from a list of (step, value) pairs (followed
         ``mode``, default linear) or from :meth:`to_dict`'s mapping."""
         if isinstance(value, TemperatureSchedule):
+            if type(value) is not cls:
+                raise ScheduleError(f"a {cls.quantity} schedule is needed, not {value!r:.80}")
             if mode is not None and mode != value.mode:
                 raise ScheduleError(f"the schedule's mode is {value.mode!r}, not {mode!r}")
             return value
@@ -80,14 +89,14 @@ class TemperatureSchedule:
             return cls.coerce(value["points"], value.get("mode", mode))  # to_dict()'s form
         if isinstance(value, str) or not isinstance(value, Sequence):
             raise ScheduleError(
-                "temperature_schedule takes a list of (step, temperature_K) pairs, a mapping "
-                f'{{"points": [...], "mode": "linear" or "step"}} or an fm.TemperatureSchedule, '
+                f"{cls.quantity}_schedule takes a list of (step, {cls.quantity}) pairs, a "
+                f'mapping {{"points": [...], "mode": "linear" or "step"}} or an fm.{cls.__name__}, '
                 f"got {value!r:.80}"
             )
         return cls(tuple(tuple(point) for point in value), mode or "linear")
 
-    def temperature_at(self, step: float) -> float:
-        """The target temperature (K) at ``step``: held after the last point."""
+    def value_at(self, step: float) -> float:
+        """The target at ``step`` (K or GPa): held after the last point."""
         points = self.points
         for (start, low), (end, high) in pairwise(points):
             if step < end:
@@ -96,29 +105,39 @@ class TemperatureSchedule:
                 return low + (high - low) * (step - start) / (end - start)
         return points[-1][1]
 
-    def block_temperature(self, first_step: int, steps: int) -> float:
-        """The temperature held for the block of ``steps`` steps from ``first_step``."""
+    def block_value(self, first_step: int, steps: int) -> float:
+        """The target held for the block of ``steps`` steps from ``first_step``."""
         if self.mode == "step":
-            return self.temperature_at(first_step)
-        return self.temperature_at(first_step + 0.5 * steps)
+            return self.value_at(first_step)
+        return self.value_at(first_step + 0.5 * steps)
 
     def change_steps(self) -> tuple[int, ...]:
         """Steps where a "step" schedule changes: block starts must fall on them."""
         return tuple(step for step, _ in self.points[1:]) if self.mode == "step" else ()
 
-    def hottest_K(self) -> float:
-        return max(temperature for _, temperature in self.points)
+    def largest(self) -> float:
+        return max(value for _, value in self.points)
 
     def check_ensemble(self, ensemble: str) -> None:
-        if ensemble not in SCHEDULED_ENSEMBLES:
+        if ensemble not in self.ensembles:
             raise ScheduleError(
-                f"a temperature schedule needs a thermostat whose target may change: "
-                f"{', '.join(SCHEDULED_ENSEMBLES)}; the {ensemble} ensemble cannot follow one"
+                f"a {self.quantity} schedule needs an ensemble whose target may change: "
+                f"{', '.join(self.ensembles)}; the {ensemble} ensemble cannot follow one"
             )
 
     def to_dict(self) -> dict[str, Any]:
         return {"points": [list(point) for point in self.points], "mode": self.mode}
 
     def describe(self) -> str:
-        shown = " -> ".join(f"{temperature:g} K @ {step}" for step, temperature in self.points)
-        return f"{self.mode} schedule {shown}"
+        shown = " -> ".join(f"{value:g} {self.unit} @ {step}" for step, value in self.points)
+        return f"{self.mode} {self.quantity} schedule {shown}"
+
+
+@dataclass(frozen=True)
+class PressureSchedule(TemperatureSchedule):
+    """Target pressures (GPa, NPT only) at steps, followed ``"linear"`` or held (``"step"``)."""
+
+    quantity = "pressure"
+    unit = "GPa"
+    minimum = -math.inf
+    ensembles = ("npt",)

@@ -185,6 +185,9 @@ def settings_record(settings: RunSettings, engine: EngineSettings) -> dict[str, 
             if settings.temperature_schedule is None
             else settings.temperature_schedule.to_dict()
         ),
+        "pressure_schedule": (
+            None if settings.pressure_schedule is None else settings.pressure_schedule.to_dict()
+        ),
     }
 
 
@@ -339,9 +342,7 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         f"structure: {formulas}",
         f"run:       {settings.ensemble.describe()}, {result.steps} steps of "
         f"{settings.timestep_fs} fs, seed {settings.seed}"
-        + (
-            f"; {settings.temperature_schedule.describe()}" if settings.temperature_schedule else ""
-        ),
+        + "".join(f"; {schedule.describe()}" for schedule in settings.schedules()),
         f"engine:    {simulation.block_steps} steps per launch, {graphs}, edge capacity "
         f"{neighbours.capacity} ({neighbours.method}; model edges "
         f"{neighbours.cutoff_capacity}), list regrown {engine.regrowths}x",

@@ -136,7 +136,7 @@ def _differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:
             f"model: saved {saved.get('model')} ({str(saved.get('model_content_hash'))[:12]}), "
             f"requested {requested['model']} ({requested['model_content_hash'][:12]})"
         )
-    for name in ("head", "dtype", "seed", "temperature_schedule"):
+    for name in ("head", "dtype", "seed", "temperature_schedule", "pressure_schedule"):
         if saved.get(name) != requested[name]:  # restarts from before schedules hold None
             found.append(f"{name}: saved {saved.get(name)}, requested {requested[name]}")
     return found

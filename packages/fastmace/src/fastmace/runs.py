@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import ase
 
 from fastmace.io.schedule import OutputSchedule
-from fastmace.protocol import TemperatureSchedule
+from fastmace.protocol import PressureSchedule, TemperatureSchedule
 
 if TYPE_CHECKING:
     from fastmace.dynamics.ensembles import Ensemble
@@ -36,19 +36,26 @@ class RunSettings:
     trajectory_format: str = "auto"
     temperature_schedule: TemperatureSchedule | None = None
     """The thermostat's target over the run (anneal, quench); None: the ensemble's own."""
+    pressure_schedule: PressureSchedule | None = None
+    """The barostat's target over the run (NPT); None: the ensemble's own."""
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
             raise ValueError(f"steps must be a non-negative whole number, got {self.steps!r}")
-        if self.temperature_schedule is not None:
-            self.temperature_schedule.check_ensemble(self.ensemble.name)
+        for schedule in self.schedules():
+            schedule.check_ensemble(self.ensemble.name)
+
+    def schedules(self) -> list[TemperatureSchedule]:
+        """The run's temperature and pressure schedules, those it has."""
+        given = (self.temperature_schedule, self.pressure_schedule)
+        return [schedule for schedule in given if schedule is not None]
 
     def block_steps_for(self, block_steps: int) -> int:
         """``block_steps`` (K), shortened so that every output interval is whole blocks and
-        every change of a stepwise temperature schedule falls on a block's start."""
+        every change of a stepwise schedule falls on a block's start."""
         intervals = [v for v in dataclasses.asdict(self.schedule).values() if v > 0]
-        if self.temperature_schedule is not None:
-            intervals += list(self.temperature_schedule.change_steps())
+        for schedule in self.schedules():
+            intervals += list(schedule.change_steps())
         return math.gcd(block_steps, *intervals)
 
 

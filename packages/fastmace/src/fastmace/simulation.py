@@ -26,7 +26,7 @@ from fastmace.dynamics.engine import Engine, ForceField, generators_of, tensors_
 from fastmace.dynamics.errors import SimulationError
 from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import make_generator, maxwell_boltzmann_velocities
-from fastmace.dynamics.integrators.units import KB_EV_PER_K
+from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
 from fastmace.dynamics.potential import Potential
@@ -142,7 +142,7 @@ class Simulation:
             Guard(
                 md, guard, skin_A=neighbours.skin,
                 references=restart.payload.get("guard") if restart is not None else None,
-                hottest_target_K=schedule.hottest_K() if schedule is not None else 0.0,
+                hottest_target_K=schedule.largest() if schedule is not None else 0.0,
             )
             if guard.enabled
             else None
@@ -285,12 +285,15 @@ class Simulation:
         return rows
 
     def _follow_schedule(self, first_step: int, steps: int) -> None:
-        """Set the thermostat's target for the next block from the temperature schedule: a
-        fill on the device, read by the captured block like any other input (no sync)."""
-        schedule = self.settings.temperature_schedule
-        if schedule is not None:
-            temperature = schedule.block_temperature(first_step, steps)
-            self.engine.md.kT.fill_(temperature * KB_EV_PER_K)
+        """Set the next block's targets from the temperature and pressure schedules: fills on
+        the device, read by the captured block like any other input (no sync)."""
+        md, settings = self.engine.md, self.settings
+        if settings.temperature_schedule is not None:
+            temperature = settings.temperature_schedule.block_value(first_step, steps)
+            md.kT.fill_(temperature * KB_EV_PER_K)
+        if settings.pressure_schedule is not None:
+            pressure = settings.pressure_schedule.block_value(first_step, steps)
+            md.pressure.fill_(pressure * EV_PER_A3_PER_GPA)
 
     def _time_first_step(self) -> None:
         """Start-up as the user sees it: to the end of the first block, from the request and

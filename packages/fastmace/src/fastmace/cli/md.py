@@ -32,7 +32,7 @@ RUN_KEYS = (
     "repeat", "initial_temperature_K", "trajectory_every", "thermo_every", "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
     "block_steps", "skin_A", "graphs", "matmul_precision", "resume", "check", "guard",
-    "temperature_schedule",
+    "temperature_schedule", "pressure_schedule",
 )  # fmt: skip
 # Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
 RUNNER_KEYS = ("subprocess", "environment")

@@ -27,7 +27,7 @@ from fastmace.preflight.ensemble import (
 from fastmace.preflight.model import check_model
 from fastmace.preflight.output import check_output_settings, check_run_directory
 from fastmace.preflight.values import RequestError, switch, whole
-from fastmace.protocol import ScheduleError, TemperatureSchedule
+from fastmace.protocol import PressureSchedule, ScheduleError, TemperatureSchedule
 from fastmace.runtime import environment
 from fastmace.runtime.cache import cache_root
 from fastmace.structures import Structure, read_structures
@@ -82,19 +82,26 @@ def check_arguments(arguments: Mapping[str, Any], look: bool = True) -> str:
     check_output_settings(dict(arguments))
     settings = {name: arguments.get(name) for name in ENSEMBLE_SETTINGS}
     name = arguments.get("ensemble", DEFAULT_ENSEMBLE)
-    if arguments.get("temperature_schedule") is not None:
-        schedule = check_temperature_schedule(arguments["temperature_schedule"], name, settings)
-        settings["temperature_K"] = schedule.points[0][1]  # the run starts where it starts
+    for kind, setting in (
+        (TemperatureSchedule, "temperature_K"),
+        (PressureSchedule, "pressure_GPa"),
+    ):
+        value = arguments.get(f"{kind.quantity}_schedule")
+        if value is not None:
+            schedule = check_schedule(kind, value, name, settings, setting)
+            settings[setting] = schedule.points[0][1]  # the run starts where its schedule does
     return check_settings(name, settings, timestep_fs)
 
 
-def check_temperature_schedule(
-    value: Any, ensemble: Any, settings: Mapping[str, Any]
-) -> TemperatureSchedule:
-    """A well-formed schedule that ``ensemble`` can follow, starting at the run's
-    ``temperature_K`` if that is given (an unknown ensemble is left to its own check)."""
+def check_schedule(
+    kind: type[TemperatureSchedule], value: Any, ensemble: Any, settings: Mapping[str, Any],
+    setting: str,
+) -> TemperatureSchedule:  # fmt: skip
+    """A well-formed schedule that ``ensemble`` can follow, starting at the run's ``setting``
+    (temperature_K, pressure_GPa) if that is given; an unknown ensemble is left to its check."""
+    name = f"{kind.quantity}_schedule"
     try:
-        schedule = TemperatureSchedule.coerce(value)
+        schedule = kind.coerce(value)
         try:
             canonical = canonical_ensemble(ensemble)
         except (EnsembleError, TypeError):
@@ -102,13 +109,17 @@ def check_temperature_schedule(
         if canonical is not None:
             schedule.check_ensemble(canonical)
     except ScheduleError as error:
-        raise RequestError(str(error), "temperature_schedule") from None
-    start, temperature_K = schedule.points[0][1], settings.get("temperature_K")
-    if temperature_K is not None and temperature_K != start:
+        raise RequestError(str(error), name) from None
+    start, given = schedule.points[0][1], settings.get(setting)
+    if kind is PressureSchedule and settings.get("pressure_bar") is not None:
         raise RequestError(
-            f"temperature_K={temperature_K!r} and a temperature schedule that starts at "
-            f"{start:g} K: give one of them, or make the schedule start at temperature_K",
-            "temperature_schedule",
+            "pressure_bar and a pressure schedule (in GPa): leave pressure_bar out", name
+        )
+    if given is not None and given != start:
+        raise RequestError(
+            f"{setting}={given!r} and a {kind.quantity} schedule that starts at {start:g} "
+            f"{kind.unit}: give one of them, or make the schedule start at {setting}",
+            name,
         )
     return schedule
 
