@@ -39,10 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(handler=_doctor)
 
-    from fastmace.cli import md, models
+    from fastmace.cli import md, models, plot
 
     md.add_parsers(commands)
     models.add_parser(commands)
+    plot.add_parser(commands)
     return parser
 
 
