@@ -84,7 +84,8 @@ def test_md_help_shows_every_default_and_the_units(clean_env):
     assert "(default: 1.0)" in entries["--friction"] and "(default: 100.0)" in entries["--tau"]
     # Physical quantities say their unit, in the metavar and in words.
     units = {
-        "--temperature": ("K", "in K"), "--pressure": ("GPA", "in GPa"),
+        "--temperature": ("K", "in K"), "--initial-temperature": ("K", "in K"),
+        "--pressure": ("GPA", "in GPa"),
         "--timestep": ("FS", "in fs"), "--friction": ("PER_PS", "in 1/ps"),
         "--tau": ("FS", "in fs"),
     }  # fmt: skip

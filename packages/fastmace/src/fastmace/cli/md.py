@@ -97,6 +97,13 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         help="MD steps to run (default: %(default)s)",
     )
     md.add_argument(
+        "--initial-temperature",
+        type=float,
+        dest="initial_temperature_K",
+        metavar="K",
+        help="draw the starting velocities at this temperature in K (default: the target)",
+    )
+    md.add_argument(
         "--timestep",
         type=float,
         dest="timestep_fs",
