@@ -7,6 +7,8 @@ from pathlib import Path
 
 from conftest import run_fastmace
 
+from fastmace.cli.main import build_parser
+
 EXAMPLE = Path(__file__).parents[3] / "examples" / "cu-fcc-32.extxyz"
 
 
@@ -46,3 +48,53 @@ def test_run_config_refuses_unknown_keys(clean_env, tmp_path):
     missing.write_text("steps = 10\n")
     result = run_fastmace(["run", str(missing)], clean_env)
     assert result.returncode == 1 and "'structure'" in result.stderr
+
+
+def _option_help(help_text: str) -> dict[str, str]:
+    """Each option's entry in ``--help``, by its first flag, its lines joined."""
+    entries: dict[str, str] = {}
+    flag = None
+    for line in help_text.splitlines():
+        if line.startswith("  -"):
+            flag = line.split()[0].rstrip(",")
+            entries[flag] = line.strip()
+        elif flag is not None and line.startswith("    "):
+            entries[flag] += " " + line.strip()
+        else:
+            flag = None
+    return entries
+
+
+def test_md_help_shows_every_default_and_the_units(clean_env):
+    clean_env["COLUMNS"] = "100"
+    result = run_fastmace(["md", "--help"], clean_env)
+    assert result.returncode == 0, result.stderr
+    entries = _option_help(result.stdout)
+    # What argparse fills in when an option is not given: each such default is on show.
+    args = build_parser().parse_args(["md", "structure.xyz"])
+    shown = 0
+    for dest, flag in args.flags.items():
+        default = getattr(args, dest, None)  # (-h has no value)
+        if default is not None and default is not False:  # 0 is a default to show
+            assert f"(default: {default})" in entries[flag], entries[flag]
+            shown += 1
+    assert shown >= 9
+    # Defaults decided later (the integrators', a new run's timestep) are written out.
+    assert "(default: 1.0; with --resume, the saved one)" in entries["--timestep"]
+    assert "(default: 1.0)" in entries["--friction"] and "(default: 100.0)" in entries["--tau"]
+    # Physical quantities say their unit, in the metavar and in words.
+    units = {
+        "--temperature": ("K", "in K"), "--initial-temperature": ("K", "in K"),
+        "--pressure": ("GPA", "in GPa"),
+        "--timestep": ("FS", "in fs"), "--friction": ("PER_PS", "in 1/ps"),
+        "--tau": ("FS", "in fs"),
+    }  # fmt: skip
+    for flag, (metavar, words) in units.items():
+        assert entries[flag].startswith(f"{flag} {metavar} ") and words in entries[flag]
+
+
+def test_run_and_plot_help(clean_env):
+    run = run_fastmace(["run", "--help"], clean_env)
+    assert run.returncode == 0 and "TOML file" in run.stdout
+    plot = _option_help(run_fastmace(["plot", "--help"], clean_env).stdout)
+    assert "(default: RUN_DIR/thermo.png)" in plot["--output"]

@@ -83,3 +83,25 @@ def test_failed_run_records_the_error(schema, tmp_path):
     document = json.loads((tmp_path / "run" / "metadata.json").read_text())
     jsonschema.validate(document, schema)
     assert document["status"] == "failed" and "blew up" in document["error"]
+
+
+def test_backend_reason_is_one_in_metadata_report_and_plan(tmp_path):
+    import fastmace as fm
+
+    result = fm.md(
+        copper(), model="demo-emt-cu", ensemble="nvt", temperature_K=300.0, steps=5,
+        timestep_fs=2.0, thermo_every=5, trajectory_every=0, output=tmp_path / "run",
+    )  # fmt: skip
+    document = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    planned = document["plan"]["decisions"]["backend"]
+    model = document["model"]
+    assert model["backend"] == planned["value"]
+    assert model["backend_reason"] == planned["reason"]
+    assert f"backend:   {model['backend']}: {planned['reason']}\n" in result.report
+    # Without a plan (a Simulation made directly) all three say what loading the model said.
+    loaded = load("demo-emt-cu")
+    run = Simulation(loaded, [copper()], settings(), tmp_path / "direct")
+    report = run.run().report
+    direct = json.loads((tmp_path / "direct" / "metadata.json").read_text())["model"]
+    assert direct["backend_reason"] == loaded.backend_reason
+    assert f"backend:   {loaded.backend}: {loaded.backend_reason}\n" in report

@@ -1,7 +1,9 @@
 """``fastmace doctor``: what is installed, what is missing, and how to fix it. Changes nothing.
 
 One check per line, in a fixed order. A failed required check prints ``[FAIL]`` and makes the
-exit code 1; a failed optional one prints ``[warn]``. Every failure names its fix.
+exit code 1; a failed optional one prints ``[warn]``. Every failure names its fix. What only a
+GPU uses (torch's CUDA build, cuEquivariance's CUDA kernels) is a warning on a machine without
+one, since everything runs there on the CPU.
 
 Doctor looks MACE and OpenEquivariance up without importing them (importing OpenEquivariance
 builds its host extension), reads the cuEquivariance ops wheels' file lists instead of
@@ -38,7 +40,14 @@ QUALIFIED_MACE = "0.3.16"
 
 
 class CheckFailed(Exception):
-    """Raised by a check to report its failure; the message says what is wrong and the fix."""
+    """Raised by a check to report its failure; the message says what is wrong and the fix.
+
+    ``needs_gpu``: what failed serves only GPU runs, so without a GPU it is a warning.
+    """
+
+    def __init__(self, message: str, *, needs_gpu: bool = False) -> None:
+        super().__init__(message)
+        self.needs_gpu = needs_gpu
 
 
 @dataclass
@@ -56,6 +65,18 @@ class DoctorContext:
         import torch  # the one heavy import doctor makes, for torch.cuda and torch.version
 
         return torch
+
+    @cached_property
+    def driver(self) -> str | None:
+        """The NVIDIA driver's version, from nvidia-smi; None where it reports no GPU."""
+        return nvidia_driver_version()
+
+    @cached_property
+    def has_gpu(self) -> bool:
+        """Whether this machine has an NVIDIA GPU, seen by torch or by the driver."""
+        if self.driver is not None:
+            return True
+        return _version("torch") is not None and self.torch.cuda.is_available()
 
     @cached_property
     def torch_cuda_major(self) -> int | None:
@@ -81,12 +102,11 @@ def check_gpu(ctx: DoctorContext) -> str:
     if _version("torch") is None:
         raise CheckFailed("torch is not installed, so no GPU can be used: install torch first")
     torch = ctx.torch
-    driver = nvidia_driver_version()
-    driver_text = f"driver {driver}" if driver else "no driver found by nvidia-smi"
+    driver_text = f"driver {ctx.driver}" if ctx.driver else "no driver found by nvidia-smi"
     if not torch.cuda.is_available():
         raise CheckFailed(
             f"no CUDA GPU visible to torch ({driver_text}; torch CUDA {torch.version.cuda}): "
-            "MD needs an NVIDIA GPU; on this machine only the demo and the tests run (on the CPU)"
+            "any structure and model runs on the CPU, slowly: use a GPU for production"
         )
     names = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
     return (
@@ -104,7 +124,8 @@ def check_torch(ctx: DoctorContext) -> str:
     if cuda is None:
         raise CheckFailed(
             f"torch {version} is a CPU-only build: install a CUDA build of torch "
-            "(e.g. pip install torch, which brings CUDA 13 on Linux x86_64)"
+            "(e.g. pip install torch, which brings CUDA 13 on Linux x86_64)",
+            needs_gpu=True,
         )
     return f"torch {version} (CUDA {cuda})"
 
@@ -142,12 +163,14 @@ def check_cuequivariance(ctx: DoctorContext) -> str:
     if not installed:
         raise CheckFailed(
             "cuequivariance_ops_torch is not installed, so MACE would use cuEquivariance's naive "
-            f"kernels: install the ops wheel matching {torch_cuda}: pip install {wanted}"
+            f"kernels: install the ops wheel matching {torch_cuda}: pip install {wanted}",
+            needs_gpu=True,
         )
     if major is not None and f"cu{major}" not in installed:
         raise CheckFailed(
             f"the ops wheel for {', '.join(installed)} is installed, but torch has CUDA "
-            f"{ctx.torch.version.cuda}: pip install {wanted}"
+            f"{ctx.torch.version.cuda}: pip install {wanted}",
+            needs_gpu=True,
         )
     count, missing = 0, []
     for distribution in (wanted, wanted.replace("-torch", "")):
@@ -158,7 +181,8 @@ def check_cuequivariance(ctx: DoctorContext) -> str:
     if missing:
         raise CheckFailed(
             f"{len(missing)} of the ops wheels' {count} shared libraries are missing "
-            f"({', '.join(missing[:3])}): reinstall with pip install --force-reinstall {wanted}"
+            f"({', '.join(missing[:3])}): reinstall with pip install --force-reinstall {wanted}",
+            needs_gpu=True,
         )
     versions = ", ".join(f"{name} {version}" for name, version in front.items())
     return f"{versions}, {wanted} {_version(wanted)} ({count} libraries present)"
@@ -386,6 +410,9 @@ def run_check(check: DoctorCheck, ctx: DoctorContext) -> CheckResult:
     try:
         return CheckResult(check.name, check.required, True, check.run(ctx))
     except CheckFailed as failure:
+        if check.required and failure.needs_gpu and not ctx.has_gpu:
+            detail = f"{failure} (a warning: this machine has no GPU to use it)"
+            return CheckResult(check.name, False, False, detail)
         return CheckResult(check.name, check.required, False, str(failure))
     except environment.EnvironmentVariableError as error:
         return CheckResult(check.name, check.required, False, f"{error}; correct or unset it")

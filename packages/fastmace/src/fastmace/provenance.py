@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import fastmace
+from fastmace.io.plot import INSTALL_HINT, can_plot
 from fastmace.oeq import host_extension
 from fastmace.runtime import environment
 from fastmace.runtime.driver import nvidia_driver_version
@@ -123,7 +124,8 @@ def device_record(device: str) -> dict[str, Any]:
     return record
 
 
-def model_record(model: LoadedModel) -> dict[str, Any]:
+def model_record(model: LoadedModel, backend_reason: str) -> dict[str, Any]:
+    """``metadata.json``'s ``model``; ``backend_reason`` is :func:`backend_reason`'s."""
     return {
         "name": model.name,
         "label": model.checkpoint.id if model.checkpoint else None,
@@ -133,7 +135,7 @@ def model_record(model: LoadedModel) -> dict[str, Any]:
         "head_functional": model.head_functional,
         "dtype": model.dtype,
         "backend": model.backend,
-        "backend_reason": model.backend_reason,
+        "backend_reason": backend_reason,
         "licence": model.licence,
         "content_hash": model.description.content_hash,
         "r_max": model.description.r_max,
@@ -212,9 +214,13 @@ def run_metadata(
     gate: dict[str, Any] | None = None,
     fallbacks: Sequence[dict[str, Any]] = (),
     plan: dict[str, Any] | None = None,
+    backend_reason: str,
     runner: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole ``metadata.json`` document.
+
+    ``backend_reason``: why the model runs on its backend, as the report says it
+    (:func:`backend_reason`).
 
     ``runner``: whether the run ran in a child process, and the names of the extra variables
     its child processes got (:func:`fastmace.runner.runner_record`); default: in process.
@@ -226,7 +232,7 @@ def run_metadata(
         "error": error,
         "software": software(),
         "device": device_record(model.device),
-        "model": model_record(model),
+        "model": model_record(model, backend_reason),
         "structures": structures_record(structures),
         "settings": settings_record(settings, engine_settings),
         "engine": engine,
@@ -280,15 +286,17 @@ def simulation_metadata(
         gate=gate.to_dict() if gate is not None else None,
         plan=plan.to_dict() if plan is not None else None,
         fallbacks=simulation.fallbacks, runner=simulation.runner,
+        backend_reason=backend_reason(simulation),
     )  # fmt: skip
 
 
 # -- the report ------------------------------------------------------------------------------
 
 
-def _backend_reason(simulation: Simulation) -> str:
-    """Why this backend: the plan's reason when the run was planned (a fallback's when the
-    gate replaced it), else what loading the model said."""
+def backend_reason(simulation: Simulation) -> str:
+    """Why this backend, for ``metadata.json``, the report and so the plan alike: the plan's
+    reason when the run was planned (a fallback's when the gate replaced it), else what
+    loading the model said."""
     if simulation.plan is not None and simulation.model.backend == simulation.plan.backend:
         reason = simulation.plan.decision("backend").reason
     else:
@@ -320,6 +328,17 @@ def startup_summary(timings: dict[str, float]) -> str:
     return text
 
 
+def _output_summary(simulation: Simulation, result: MDResult) -> str:
+    """The run directory, and its plot or how to get one."""
+    if result.output is None:
+        return "none (no directory)"
+    if simulation.plot is not None:
+        return f"{result.output} (plot: {simulation.plot.name})"
+    if simulation.output is not None and not can_plot():
+        return f"{result.output} (no plot: matplotlib is not installed; {INSTALL_HINT})"
+    return str(result.output)
+
+
 def run_report(simulation: Simulation, result: MDResult) -> str:
     """One screen: model, structure, run, engine, gate, speed, final state, output."""
     model, settings, engine = simulation.model, simulation.settings, simulation.engine
@@ -338,7 +357,7 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
     lines = [
         "FastMACE run report",
         f"model:     {model.summary()}",
-        f"backend:   {model.backend}: {_backend_reason(simulation)}",
+        f"backend:   {model.backend}: {backend_reason(simulation)}",
         f"structure: {formulas}",
         f"run:       {settings.ensemble.describe()}, {result.steps} steps of "
         f"{settings.timestep_fs} fs, seed {settings.seed}"
@@ -367,6 +386,6 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         if last.get("pressure_GPa") is not None:
             state += f", P = {last['pressure_GPa']:.3f} GPa"
         lines.append(f"final:     {state}, E_pot = {last.get('potential_energy_eV'):.4f} eV")
-    lines.append(f"output:    {result.output if result.output else 'none (no directory)'}")
+    lines.append(f"output:    {_output_summary(simulation, result)}")
     lines.append(f"licence:   the weights are under {model.licence}")
     return "\n".join(lines) + "\n"

@@ -33,6 +33,7 @@ from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
 from fastmace.dynamics.thermo import thermo_rows
 from fastmace.io import Progress, RunDirectory, RunOutput
+from fastmace.io.plot import can_plot
 from fastmace.models.load import LoadedModel
 from fastmace.planner import EngineSettings, Plan
 from fastmace.resuming import (
@@ -84,6 +85,7 @@ class Simulation:
         self.block_steps = settings.block_steps_for(self.engine_settings.block_steps)
         self.progress_stream = progress
         self.output: RunOutput | None = None
+        self.plot: Path | None = None  # thermo.png, once the run has drawn it
         self.start_step = 0
         self.start_time_fs = 0.0
         state = State.from_atoms(list(structures), device=model.device)
@@ -378,6 +380,8 @@ class Simulation:
             model=self.model.name,
             ensemble=settings.ensemble.describe(),
         )
+        if self.output is not None and self.output.directory.thermo_path.is_file() and can_plot():
+            self.plot = self.output.write_plot()  # without matplotlib the report says how
         from fastmace.provenance import run_report
 
         result.report = run_report(self, result)

@@ -41,6 +41,11 @@ ENSEMBLE_TAKES: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 """Each ensemble's canonical name and the settings (fm.md keyword arguments) it takes."""
+ENSEMBLE_DEFAULTS: dict[str, float | int | str] = {
+    "friction_per_ps": 1.0, "tau_fs": 100.0, "chain_length": 3, "thermostat_tau_fs": 100.0,
+    "barostat_tau_fs": 1000.0, "compressibility_per_GPa": 0.01, "cell_mode": "isotropic",
+}  # fmt: skip
+"""The ensemble settings that have a default: the integrators' defaults and the CLI's help."""
 ENSEMBLES = tuple(ENSEMBLE_TAKES)
 ENSEMBLE_ALIASES = {
     "nvt": "nvt-langevin", "langevin": "nvt-langevin", "csvr": "nvt-csvr", "bussi": "nvt-csvr",

@@ -39,11 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(handler=_doctor)
 
-    from fastmace.cli import md, models, relax
+    from fastmace.cli import md, models, plot, relax
 
     md.add_parsers(commands)
     relax.add_parser(commands)
     models.add_parser(commands)
+    plot.add_parser(commands)
     return parser
 
 

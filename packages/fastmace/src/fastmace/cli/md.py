@@ -18,8 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from fastmace.vocabulary import (
+    CELL_MODES,
     DEFAULT_ENSEMBLE,
+    DEFAULT_MATMUL_PRECISION,
+    DEFAULT_TIMESTEP_FS,
     ENSEMBLE_ALIASES,
+    ENSEMBLE_DEFAULTS,
     ENSEMBLE_SETTINGS,
     ENSEMBLES,
     MATMUL_PRECISIONS,
@@ -50,46 +54,147 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     md = commands.add_parser(
         "md", help="run MD of a structure file with a MACE model (writes a run directory)"
     )
+    # Each option's help ends with its default: "%(default)s" where argparse holds it, written
+    # out where the default is decided later (None here: the timestep of a resumed run is
+    # the saved one; an ensemble setting's default is its integrator's). Metavars name units.
     md.add_argument("structure", help="any file ASE reads (the last frame is used)")
-    md.add_argument("--model", default="demo-emt-cu", help="label, template:NAME or path")
+    md.add_argument(
+        "--model",
+        default="demo-emt-cu",
+        help="label, template:NAME or path (default: %(default)s)",
+    )
     md.add_argument("--sha256", metavar="HEX", help="a model path: its file's SHA-256, checked")
     md.add_argument(
-        "--trusted", action="store_true", default=None,
+        "--trusted",
+        action="store_true",
+        default=None,
         help="a model path: load it without a SHA-256 (loading runs code from the file)",
-    )  # fmt: skip
-    md.add_argument("--head", help="model head (multi-head models)")
-    md.add_argument(
-        "--ensemble", default=DEFAULT_ENSEMBLE, help=", ".join([*ENSEMBLES, *ENSEMBLE_ALIASES])
     )
-    md.add_argument("--temperature", type=float, dest="temperature_K", help="K")
-    md.add_argument("--pressure", type=float, dest="pressure_GPa", help="GPa (NPT)")
-    md.add_argument("--steps", type=int, default=1000)
-    md.add_argument("--timestep", type=float, dest="timestep_fs",
-                    help="fs (default 1; with --resume, the saved one)")  # fmt: skip
-    md.add_argument("--friction", type=float, dest="friction_per_ps", help="1/ps (Langevin)")
-    md.add_argument("--tau", type=float, dest="tau_fs", help="fs (CSVR, Nose-Hoover)")
-    md.add_argument("--cell-mode", dest="cell_mode", help="NPT: isotropic, per_axis, full")
-    md.add_argument("--repeat", type=_repeat, help="supercell, e.g. 3 or 4,4,2")
-    md.add_argument("--output", "-o", help="run directory (default: md-<name>-<date>-<time>)")
+    md.add_argument("--head", help="model head (default: the model's default head)")
+    md.add_argument(
+        "--ensemble",
+        default=DEFAULT_ENSEMBLE,
+        help=f"{', '.join([*ENSEMBLES, *ENSEMBLE_ALIASES])} (default: %(default)s)",
+    )
+    md.add_argument(
+        "--temperature",
+        type=float,
+        dest="temperature_K",
+        metavar="K",
+        help="target temperature in K (needed by nvt and npt)",
+    )
+    md.add_argument(
+        "--pressure",
+        type=float,
+        dest="pressure_GPa",
+        metavar="GPA",
+        help="target pressure in GPa (NPT)",
+    )
+    md.add_argument(
+        "--steps",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="MD steps to run (default: %(default)s)",
+    )
+    md.add_argument(
+        "--initial-temperature",
+        type=float,
+        dest="initial_temperature_K",
+        metavar="K",
+        help="draw the starting velocities at this temperature in K (default: the target)",
+    )
+    md.add_argument(
+        "--timestep",
+        type=float,
+        dest="timestep_fs",
+        metavar="FS",
+        help=f"time step in fs (default: {DEFAULT_TIMESTEP_FS}; with --resume, the saved one)",
+    )
+    md.add_argument(
+        "--friction",
+        type=float,
+        dest="friction_per_ps",
+        metavar="PER_PS",
+        help=f"Langevin friction in 1/ps (default: {ENSEMBLE_DEFAULTS['friction_per_ps']})",
+    )
+    md.add_argument(
+        "--tau",
+        type=float,
+        dest="tau_fs",
+        metavar="FS",
+        help=f"CSVR and Nose-Hoover time constant in fs (default: {ENSEMBLE_DEFAULTS['tau_fs']})",
+    )
+    md.add_argument(
+        "--cell-mode",
+        dest="cell_mode",
+        metavar="MODE",
+        help=f"NPT: {', '.join(CELL_MODES)} (default: {ENSEMBLE_DEFAULTS['cell_mode']})",
+    )
+    md.add_argument(
+        "--repeat",
+        type=_repeat,
+        metavar="N|A,B,C",
+        help="supercell, e.g. 3 or 4,4,2 (default: none)",
+    )
+    md.add_argument(
+        "--output", "-o", metavar="DIR", help="run directory (default: md-<name>-<date>-<time>)"
+    )
     md.add_argument("--resume", action="store_true", help="continue the run in --output")
-    md.add_argument("--seed", type=int, default=0)
-    md.add_argument("--traj-every", type=int, default=100, dest="trajectory_every")
-    md.add_argument("--thermo-every", type=int, default=100, dest="thermo_every")
-    md.add_argument("--restart-every", type=int, default=10_000, dest="restart_every")
-    md.add_argument("--format", default="auto", dest="trajectory_format",
-                    help="trajectory: auto, extxyz, h5md, none")  # fmt: skip
+    md.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="seed of the velocities and the thermostat (default: %(default)s)",
+    )
+    md.add_argument(
+        "--traj-every",
+        type=int,
+        default=100,
+        dest="trajectory_every",
+        metavar="N",
+        help="steps between trajectory frames; 0: none (default: %(default)s)",
+    )
+    md.add_argument(
+        "--thermo-every",
+        type=int,
+        default=100,
+        dest="thermo_every",
+        metavar="N",
+        help="steps between thermo.csv rows (default: %(default)s)",
+    )
+    md.add_argument(
+        "--restart-every",
+        type=int,
+        default=10_000,
+        dest="restart_every",
+        metavar="N",
+        help="steps between restart files (default: %(default)s)",
+    )
+    md.add_argument(
+        "--format",
+        default="auto",
+        dest="trajectory_format",
+        metavar="FORMAT",
+        help="trajectory: auto, extxyz, h5md, none (default: %(default)s)",
+    )
     md.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     md.add_argument("--dtype", help="float32 or float64 (default: the model's)")
-    md.add_argument("--backend", default="auto", help="auto, e3nn, cueq, oeq, hybrid")
     md.add_argument(
-        "--matmul-precision", choices=MATMUL_PRECISIONS, dest="matmul_precision",
+        "--backend", default="auto", help="auto, e3nn, cueq, oeq, hybrid (default: %(default)s)"
+    )
+    md.add_argument(
+        "--matmul-precision",
+        choices=MATMUL_PRECISIONS,
+        dest="matmul_precision",
         help="tf32: the model's matrix products on TF32 tensor cores (CUDA, float32 models; "
-        "faster, looser: docs/md.md)",
-    )  # fmt: skip
+        f"faster, looser: docs/md.md) (default: {DEFAULT_MATMUL_PRECISION})",
+    )
     md.add_argument(
         "--guard", action="append", type=_bound, metavar="NAME=VALUE|off",
         help="a bound of the physical guard, e.g. max_force_eV_per_A=200 (repeatable), or "
-        "off (docs/md.md)",
+        "off (default: on, with the bounds of docs/md.md)",
     )  # fmt: skip
     md.add_argument(
         "--check", action="store_const", const="gate", dest="check",
@@ -97,7 +202,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     md.add_argument(
         "--subprocess", action="store_true", default=None,
-        help="run the MD in a child process (isolated from this one)",
+        help="run the MD in a child process, isolated from this one (default: in this one)",
     )  # fmt: skip
     md.add_argument(
         "--env", action="append", type=_variable, dest="environment", metavar="NAME=VALUE",

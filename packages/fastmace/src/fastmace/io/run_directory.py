@@ -8,6 +8,7 @@ Layout (see docs/output.md)::
     restart.npz         the latest restart, replaced atomically
     metadata.json       what ran, with which software (written by the caller)
     report.txt          the final report (written by the caller)
+    thermo.png          the plot of thermo.csv, at the end (by the caller; with matplotlib)
 
 A directory with anything in it is never written over: :meth:`RunDirectory.create` refuses it,
 and :meth:`RunDirectory.resume` continues it from its last restart.
@@ -28,6 +29,7 @@ import numpy as np
 from fastmace.io import trajectory
 from fastmace.io.atomic import atomic_write_text, create_exclusive, remove_temporaries
 from fastmace.io.frames import make_frame
+from fastmace.io.plot import PLOT_FILE, plot_thermo
 from fastmace.io.restart import Restart, load_restart, save_restart
 from fastmace.io.schedule import OutputSchedule
 from fastmace.io.thermo import ThermoLog, truncate_thermo
@@ -82,6 +84,10 @@ class RunDirectory:
     @property
     def report_path(self) -> Path:
         return self.path / "report.txt"
+
+    @property
+    def plot_path(self) -> Path:
+        return self.path / PLOT_FILE
 
     def trajectory_path(self, trajectory_format: str) -> Path:
         return self.path / trajectory.FILE_NAMES[trajectory_format]
@@ -344,6 +350,14 @@ class RunOutput:
         """Replace report.txt with ``text``, atomically."""
         self._check_open()
         atomic_write_text(self.directory.report_path, text if text.endswith("\n") else text + "\n")
+
+    def write_plot(self) -> Path:
+        """Draw thermo.csv into thermo.png (:mod:`fastmace.io.plot`), replacing it; its path.
+
+        PlotUnavailableError without matplotlib.
+        """
+        self._check_open()
+        return plot_thermo(self.directory.thermo_path, self.directory.plot_path)
 
     def close(self) -> None:
         """Flush and close the files; later writes raise. Closing twice is harmless."""

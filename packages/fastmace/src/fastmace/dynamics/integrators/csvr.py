@@ -41,6 +41,7 @@ from fastmace.dynamics.integrators.common import (
 from fastmace.dynamics.integrators.units import KB_EV_PER_K
 from fastmace.dynamics.integrators.validation import PerSystem, check_thermostatted, per_system
 from fastmace.dynamics.state import State
+from fastmace.vocabulary import ENSEMBLE_DEFAULTS
 
 
 @dataclass
@@ -61,7 +62,7 @@ def csvr_init(
     *,
     timestep_fs: float,
     temperature_K: PerSystem,
-    tau_fs: PerSystem = 100.0,
+    tau_fs: PerSystem = ENSEMBLE_DEFAULTS["tau_fs"],
     rng: int | torch.Generator,
 ) -> CSVRState:
     """Start CSVR dynamics; removes each system's COM momentum, computes the forces.

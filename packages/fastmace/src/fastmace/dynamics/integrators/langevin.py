@@ -33,6 +33,7 @@ from fastmace.dynamics.integrators.common import (
 from fastmace.dynamics.integrators.units import EV_PER_AMU_A2_PER_FS2, FS_PER_PS, KB_EV_PER_K
 from fastmace.dynamics.integrators.validation import PerSystem, check_thermostatted, per_system
 from fastmace.dynamics.state import State
+from fastmace.vocabulary import ENSEMBLE_DEFAULTS
 
 
 @dataclass
@@ -52,7 +53,7 @@ def langevin_init(
     *,
     timestep_fs: float,
     temperature_K: PerSystem,
-    friction_per_ps: PerSystem = 1.0,
+    friction_per_ps: PerSystem = ENSEMBLE_DEFAULTS["friction_per_ps"],
     rng: int | torch.Generator,
 ) -> LangevinState:
     """Start Langevin dynamics; removes each system's COM momentum, computes the forces.

@@ -42,7 +42,7 @@ from fastmace.dynamics.integrators.validation import (
     per_system,
 )
 from fastmace.dynamics.state import State
-from fastmace.vocabulary import CELL_MODES
+from fastmace.vocabulary import CELL_MODES, ENSEMBLE_DEFAULTS
 
 CellMode = Literal["isotropic", "per_axis", "full"]
 
@@ -84,10 +84,10 @@ def npt_init(
     temperature_K: PerSystem,
     pressure_GPa: PerSystem | None = None,
     pressure_bar: PerSystem | None = None,
-    thermostat_tau_fs: PerSystem = 100.0,
-    barostat_tau_fs: PerSystem = 1000.0,
-    compressibility_per_GPa: PerSystem = 0.01,
-    cell_mode: CellMode = "isotropic",
+    thermostat_tau_fs: PerSystem = ENSEMBLE_DEFAULTS["thermostat_tau_fs"],
+    barostat_tau_fs: PerSystem = ENSEMBLE_DEFAULTS["barostat_tau_fs"],
+    compressibility_per_GPa: PerSystem = ENSEMBLE_DEFAULTS["compressibility_per_GPa"],
+    cell_mode: CellMode = ENSEMBLE_DEFAULTS["cell_mode"],
     rng: int | torch.Generator,
 ) -> NPTState:
     """Start NPT dynamics; removes each system's COM momentum, computes forces and stress.
