@@ -33,6 +33,10 @@ class RunSettings:
     initial_temperature_K: float | None = None
     """Draw Maxwell-Boltzmann velocities at this temperature (None: keep the structure's)."""
     trajectory_format: str = "auto"
+    dispersion: str | None = None
+    """An extra dispersion term: "d3bj" (D3 with Becke-Johnson damping) or None."""
+    dispersion_functional: str | None = None
+    """Its parameter set ("pbe", ...); None: the one the label table gives the model's head."""
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:

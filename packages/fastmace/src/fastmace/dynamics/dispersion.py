@@ -16,17 +16,23 @@ Evaluation of the libraries and the checks: docs/validation/dispersion.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 import ase.units
 import numpy as np
 import torch
 
 from fastmace.dynamics.edges import Edges, per_system_matmul, systems_of, systems_of_atoms
+from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import PotentialOutput, _cell_volume, _strained
 from fastmace.dynamics.state import POSITION_DTYPE, State
+
+if TYPE_CHECKING:
+    from fastmace.models.load import LoadedModel
+    from fastmace.runs import RunSettings
 
 # The dftd3 program's conversion factors (torch-dftd keeps them too): its tables are fitted
 # in these units, so using them reproduces its numbers to the last digits.
@@ -113,6 +119,16 @@ def _reference_arrays() -> dict[str, np.ndarray]:
     }
 
 
+def check_species(species: Iterable[int]) -> None:
+    """Raise DispersionError for elements outside D3's reference table; host-side."""
+    outside = sorted({int(z) for z in species if not 1 <= int(z) <= MAX_ATOMIC_NUMBER})
+    if outside:
+        raise DispersionError(
+            f"D3 has no reference data for atomic numbers {outside} (it covers 1 to "
+            f"{MAX_ATOMIC_NUMBER}); run without dispersion"
+        )
+
+
 class D3BJ(torch.nn.Module):
     """The D3(BJ) two-body dispersion energy of a batch, with forces and stress.
 
@@ -174,12 +190,7 @@ class D3BJ(torch.nn.Module):
 
     def check_species(self, species: Iterable[int]) -> None:
         """Raise DispersionError for elements outside the reference table; host-side."""
-        outside = sorted({int(z) for z in species if not 1 <= int(z) <= MAX_ATOMIC_NUMBER})
-        if outside:
-            raise DispersionError(
-                f"D3 has no reference data for atomic numbers {outside} (it covers 1 to "
-                f"{MAX_ATOMIC_NUMBER}); run without dispersion"
-            )
+        check_species(species)
 
     def forward(self, state: State, edges: Edges, compute_stress: bool = False) -> PotentialOutput:
         """Energy per system (eV), forces (eV/Å) and, with ``compute_stress``, virial and stress
@@ -260,3 +271,84 @@ class D3BJ(torch.nn.Module):
         partner = self.slot[numbers.index_select(0, receiver)]
         row = towards[sender, partner]  # (E, 5)
         return (row * weights.index_select(0, receiver)).sum(dim=-1)
+
+
+class DispersionTerm:
+    """D3(BJ) with a neighbour list of its own: the force field's extra energy term.
+
+    Its list (cutoff 40 bohr, far beyond the model's) is kept valid with the same skin and
+    search pattern as the model's (`ForceField`), and regrown the same way on overflow.
+    """
+
+    def __init__(self, d3: D3BJ, neighbours: NeighbourList, edges: Edges) -> None:
+        self.d3 = d3
+        self.neighbours = neighbours
+        self.edges = edges
+
+    @classmethod
+    def for_state(cls, state: State, functional: str, skin: float) -> DispersionTerm:
+        """The term for ``state``'s elements and ``functional``, its list planned and built."""
+        d3 = D3BJ(
+            D3BJParameters.for_functional(functional),
+            state.atomic_numbers.tolist(),
+            device=state.device,
+        )
+        neighbours = NeighbourList(state, d3.cutoff, skin)
+        return cls(d3, neighbours, neighbours.build(state))
+
+    def record(self) -> dict[str, object]:
+        """What metadata.json and the report say of it."""
+        p = self.d3.parameters
+        return {
+            "method": "d3bj",
+            "functional": p.functional,
+            "parameters": {"s6": p.s6, "a1": p.a1, "s8": p.s8, "a2": p.a2},
+            "cutoff_A": self.d3.cutoff,
+            "cn_cutoff_A": self.d3.cn_cutoff,
+            "three_body": False,
+            "edge_capacity": self.neighbours.capacity,
+            "reference": "torch-dftd's D3 tables and parameters",
+        }
+
+
+def dispersion_functional(
+    dispersion: str | None, explicit: str | None, d3_functional: str | None, model: str
+) -> str | None:
+    """The D3(BJ) parameter set a run uses: ``explicit`` (``dispersion_functional``) if given,
+    else the model head's (the label table's ``d3_functional``); None without dispersion.
+
+    Raises DispersionError for an unknown method, or a model whose functional is not known.
+    """
+    if dispersion is None:
+        if explicit is not None:
+            raise DispersionError("dispersion_functional needs dispersion='d3bj'")
+        return None
+    if dispersion != "d3bj":
+        raise DispersionError(f"unknown dispersion {dispersion!r}; the one there is: 'd3bj'")
+    functional = explicit or d3_functional
+    if functional is None:
+        raise DispersionError(
+            f"the model {model} has no known D3(BJ) functional (the label table has none for "
+            "its head: it was not trained on a DFT functional that D3 corrects, or its "
+            "reference already contains dispersion); give dispersion_functional='pbe' (or "
+            "another) if you know what you are doing"
+        )
+    D3BJParameters.for_functional(functional)  # refuses unknown names now, not mid-run
+    return functional.lower()
+
+
+def run_dispersion_functional(
+    settings: RunSettings, model: LoadedModel, structures: Sequence[ase.Atoms]
+) -> str | None:
+    """The functional of a run's dispersion (None: no dispersion), checked against the model
+    and the structures' elements; host-side, before anything is created."""
+    head = model.checkpoint.head(model.head) if model.checkpoint is not None else None
+    functional = dispersion_functional(
+        settings.dispersion,
+        settings.dispersion_functional,
+        head.d3_functional if head is not None else None,
+        model.name,
+    )
+    if functional is not None:
+        check_species(int(z) for atoms in structures for z in atoms.numbers)
+    return functional
