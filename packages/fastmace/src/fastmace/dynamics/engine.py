@@ -364,15 +364,20 @@ class Engine:
         self.search_halvings += 1
 
     def _regrow(self) -> None:
-        field, term = self.force_field, self.force_field.dispersion
+        field, term, state = self.force_field, self.force_field.dispersion, self.md.state
         # The list that overflowed grows (host reads, between blocks); the model's if unsure.
+        # A list that did not is built again from the state put back, as a grown one is.
         dispersion_full = term is not None and overflowed(term.edges)
         if dispersion_full:
-            term.neighbours, term.edges = regrow(term.neighbours, self.md.state)
+            term.neighbours, term.edges = regrow(term.neighbours, state)
+        elif term is not None:
+            term.edges = term.neighbours.build(state)
         if overflowed(field.edges) or not dispersion_full:
             field.neighbours, field.edges = regrow(
-                field.neighbours, self.md.state, max_edges_per_atom=self.max_edges_per_atom
+                field.neighbours, state, max_edges_per_atom=self.max_edges_per_atom
             )
+        else:
+            field.edges = field.neighbours.build(state)
         self.graph = None  # shapes changed: capture again, after an eager warm-up block
         self.warmed_up = False
         self.regrowths += 1
