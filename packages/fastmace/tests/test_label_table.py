@@ -66,6 +66,22 @@ def test_every_mh1_head_has_a_functional():
     assert all(head.functional for head in mh1.heads)
 
 
+def test_d3_functionals_follow_the_training_functional():
+    """PBE heads get PBE's D3(BJ) parameters, r2SCAN heads r2SCAN's; references that already
+    contain dispersion (-D3(BJ), -V) and the EMT demo get none."""
+    from fastmace.models.label_table import checkpoints
+
+    for checkpoint in checkpoints():
+        for head in checkpoint.heads:
+            functional = (head.functional or "").lower()
+            expected = {"pbe": "pbe", "r2scan": "r2scan", "b3lyp": "b3-lyp"}.get(
+                functional.split("/")[0]
+            )
+            assert head.d3_functional == expected, (checkpoint.id, head.name)
+    assert resolve_label("mh-1:matpes_r2scan")[1].d3_functional == "r2scan"
+    assert resolve_label("mpa-0")[1].d3_functional == "pbe"
+
+
 def test_unknown_label_suggests():
     with pytest.raises(UnknownLabelError, match=r"Did you mean .*mh-1"):
         resolve_label("mh-2")

@@ -105,6 +105,8 @@ def md(
     progress: TextIO | None = None,
     check: str | None = None,
     reproducible: bool = False,
+    dispersion: str | None = None,
+    dispersion_functional: str | None = None,
     config: EngineConfig | None = None,
     runner: RunnerConfig | None = None,
     temperature_schedule: Any = None,
@@ -129,6 +131,10 @@ def md(
     with the same physics (a resume that changes the ensemble's settings, the model, dtype or
     seed is refused) and the saved timestep unless ``timestep_fs`` is given (1 fs for a new
     run).
+
+    ``dispersion="d3bj"`` adds D3(BJ) dispersion (two-body, mace-torch's
+    ``mace_mp(dispersion=True)`` cutoffs) with the parameters of the functional the model's
+    head was trained on (the label table's), or of ``dispersion_functional`` (docs/md.md).
 
     ``guard`` sets the physical bounds the run must stay within, checked on the device every
     block (docs/md.md): ``None``/``True`` the defaults, ``False`` off, a mapping of bounds or
@@ -245,6 +251,8 @@ def md(
         trajectory_format=trajectory_format,
         temperature_schedule=schedule,
         pressure_schedule=pressures,
+        dispersion=dispersion,
+        dispersion_functional=dispersion_functional,
     )
     # The plan's variables hold for this run only: the user's environment is given back after.
     with environment.restored(plan.environment_values()):

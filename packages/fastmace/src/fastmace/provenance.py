@@ -190,6 +190,8 @@ def settings_record(settings: RunSettings, engine: EngineSettings) -> dict[str, 
         "pressure_schedule": (
             None if settings.pressure_schedule is None else settings.pressure_schedule.to_dict()
         ),
+        "dispersion": settings.dispersion,
+        "dispersion_functional": settings.dispersion_functional,
     }
 
 
@@ -265,6 +267,11 @@ def engine_record(simulation: Simulation) -> dict[str, Any]:
         "search_every": engine.force_field.search_every,
         "search_halvings": engine.search_halvings,
         "capture_failure": engine.capture_failure,
+        "dispersion": (
+            engine.force_field.dispersion.record()
+            if engine.force_field.dispersion is not None
+            else None
+        ),
         "guard": (
             simulation.guard.record()
             if simulation.guard is not None
@@ -304,6 +311,17 @@ def backend_reason(simulation: Simulation) -> str:
     if simulation.fallbacks:
         reason += f" (after {len(simulation.fallbacks)} failed: see the gate)"
     return reason
+
+
+def _dispersion_summary(term: Any) -> str:
+    """The report's line on the dispersion term (a DispersionTerm or None)."""
+    if term is None:
+        return "none"
+    record = term.record()
+    return (
+        f"D3(BJ), {record['functional']} parameters, cutoff {record['cutoff_A']:.2f} Å "
+        f"(CN {record['cn_cutoff_A']:.2f} Å), two-body, edge capacity {record['edge_capacity']}"
+    )
 
 
 # The start-up phases in the order they happen, as metadata.json's timings names them.
@@ -366,6 +384,7 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         f"{neighbours.capacity} ({neighbours.method}; model edges "
         f"{neighbours.cutoff_capacity}), list regrown {engine.regrowths}x",
         f"gate:      {gate}",
+        f"dispersion: {_dispersion_summary(engine.force_field.dispersion)}",
     ]
     if simulation.runner["subprocess"]:
         extra = ", ".join(simulation.runner["environment"]) or "none"

@@ -38,6 +38,10 @@ class RunSettings:
     """The thermostat's target over the run (anneal, quench); None: the ensemble's own."""
     pressure_schedule: PressureSchedule | None = None
     """The barostat's target over the run (NPT); None: the ensemble's own."""
+    dispersion: str | None = None
+    """An extra dispersion term: "d3bj" (D3 with Becke-Johnson damping) or None."""
+    dispersion_functional: str | None = None
+    """Its parameter set ("pbe", ...); None: the one the label table gives the model's head."""
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:

@@ -22,6 +22,7 @@ import ase
 import torch
 
 from fastmace.dynamics.checks import check_structures
+from fastmace.dynamics.dispersion import DispersionTerm, run_dispersion_functional
 from fastmace.dynamics.engine import Engine, ForceField, generators_of, tensors_of
 from fastmace.dynamics.errors import SimulationError
 from fastmace.dynamics.guard import Guard
@@ -80,6 +81,8 @@ class Simulation:
         self.gate = gate  # a fastmace.gate.GateResult, when the run was checked
         self.fallbacks = list(fallbacks)
         check_structures(structures, model.description.atomic_numbers)
+        # Before anything is created: a dispersion the model or structure cannot take is refused.
+        self.dispersion_functional = run_dispersion_functional(settings, model, structures)
         self.model = model
         self.settings = settings
         self.block_steps = settings.block_steps_for(self.engine_settings.block_steps)
@@ -127,8 +130,9 @@ class Simulation:
         )
         neighbours, edges = self._neighbour_list(state, restart)
         force_field = ForceField(
-            self.potential, neighbours, edges, stress=settings.ensemble.needs_stress
-        )
+            self.potential, neighbours, edges, stress=settings.ensemble.needs_stress,
+            dispersion=self._dispersion(state),
+        )  # fmt: skip
         md = self._initial_md(state, force_field)
         if restart is not None:
             self._restore(md, restart.payload)
@@ -196,6 +200,14 @@ class Simulation:
             if not overflowed(force_field.edges):  # host read, once, outside the hot path
                 return md
             force_field.neighbours, force_field.edges = regrow(force_field.neighbours, state)
+
+    def _dispersion(self, state: State) -> DispersionTerm | None:
+        """D3(BJ) with its own list, when the run asks for it (settings.dispersion)."""
+        if self.dispersion_functional is None:
+            return None
+        return DispersionTerm.for_state(
+            state, self.dispersion_functional, self.engine_settings.skin_A
+        )
 
     def _neighbour_list(self, state: State, restart: Any) -> tuple[NeighbourList, Any]:
         engine = self.engine_settings
@@ -267,8 +279,7 @@ class Simulation:
         time_fs = self.time_fs(step)
         rows: list[dict[str, Any]] = []
         if schedule.thermo_due(step) or final:
-            edges = self.engine.force_field.model_edges(md.state)
-            rows = thermo_rows(md, self.potential, edges, step, time_fs)
+            rows = thermo_rows(md, self.engine.force_field.stress_at, step, time_fs)
         if self.output is None:
             return rows
         writes_frames = self.output.trajectory_path is not None  # not with format "none"
@@ -357,10 +368,8 @@ class Simulation:
             raise
         if not rows:
             rows = thermo_rows(
-                self.engine.md, self.potential,
-                self.engine.force_field.model_edges(self.engine.md.state), step,
-                self.time_fs(step),
-            )  # fmt: skip
+                self.engine.md, self.engine.force_field.stress_at, step, self.time_fs(step)
+            )
         self.timings["first_block_s"] = first_block_s
         if steady_steps:
             rate = steady_steps / steady_s

@@ -37,6 +37,7 @@ RUN_KEYS = (
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
     "block_steps", "skin_A", "graphs", "matmul_precision", "resume", "check", "guard",
     "temperature_schedule", "pressure_schedule",
+    "dispersion", "dispersion_functional",
 )  # fmt: skip
 # Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
 RUNNER_KEYS = ("subprocess", "environment")
@@ -195,6 +196,14 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "--guard", action="append", type=_bound, metavar="NAME=VALUE|off",
         help="a bound of the physical guard, e.g. max_force_eV_per_A=200 (repeatable), or "
         "off (default: on, with the bounds of docs/md.md)",
+    )  # fmt: skip
+    md.add_argument(
+        "--dispersion", choices=("d3bj",),
+        help="add D3(BJ) dispersion with the model head's functional (docs/md.md)",
+    )  # fmt: skip
+    md.add_argument(
+        "--dispersion-functional", dest="dispersion_functional",
+        help="D3(BJ) parameters of this functional (pbe, r2scan, ...) instead of the model's",
     )  # fmt: skip
     md.add_argument(
         "--check", action="store_const", const="gate", dest="check",

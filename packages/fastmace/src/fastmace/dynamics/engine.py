@@ -33,12 +33,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from fastmace.dynamics.dispersion import DispersionTerm
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.errors import SimulationError
 from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import ComputeFn, ForceResult, MDState
 from fastmace.dynamics.neighbours import NeighbourList
-from fastmace.dynamics.overflow import regrow
+from fastmace.dynamics.overflow import overflowed, regrow
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
 
@@ -66,7 +67,9 @@ class ForceField:
     (`NeighbourList.cutoff_edges`). ``edges`` are the list's fixed-capacity buffers. With
     ``search_every == 1`` every call runs the skin test and rebuilds on the device when needed;
     otherwise the engine says which calls search (``search_now``: the list is rebuilt) and the
-    others only check the skin, marking the list `stale` if it may miss a pair.
+    others only check the skin, marking the list `stale` if it may miss a pair. With a
+    ``dispersion`` term, its energy, forces and stress are added, on a list of its own kept
+    valid the same way.
     """
 
     def __init__(
@@ -77,9 +80,11 @@ class ForceField:
         stress: bool,
         *,
         search_every: int = DEFAULT_SEARCH_EVERY,
+        dispersion: DispersionTerm | None = None,
     ) -> None:
         if search_every < 1:
             raise ValueError(f"search_every must be at least 1, got {search_every}")
+        self.dispersion = dispersion  # D3(BJ) and its own list, or None
         self.potential = potential
         self.neighbours = neighbours
         self.edges = edges
@@ -88,18 +93,59 @@ class ForceField:
         self.search_now = True
 
     def __call__(self, state: State) -> ForceResult:
-        if self.search_every == 1:
-            self.edges = self.neighbours.update(state, self.edges)
-        elif self.search_now:
-            self.edges = self.neighbours.rebuild(state, self.edges)
-        else:
-            self.neighbours.check(state)
+        self.edges = self._kept_valid(self.neighbours, self.edges, state)
         out = self.potential(state, self.model_edges(state), compute_stress=self.stress)
-        return ForceResult(out.energy, out.forces, out.stress if self.stress else None)
+        energy, forces, stress = out.energy, out.forces, out.stress if self.stress else None
+        term = self.dispersion
+        if term is not None:  # an extra energy term on its own, longer list
+            term.edges = self._kept_valid(term.neighbours, term.edges, state)
+            extra = term.d3(state, term.edges, compute_stress=self.stress)
+            energy, forces = energy + extra.energy, forces + extra.forces
+            stress = None if stress is None else stress + extra.stress
+        return ForceResult(energy, forces, stress)
+
+    def _kept_valid(self, neighbours: NeighbourList, edges: Edges, state: State) -> Edges:
+        """``edges`` brought up to date as the search pattern says (device work only)."""
+        if self.search_every == 1:
+            return neighbours.update(state, edges)
+        if self.search_now:
+            return neighbours.rebuild(state, edges)
+        neighbours.check(state)
+        return edges
 
     def model_edges(self, state: State) -> Edges:
         """The current list's pairs within the cutoff: the model's input, of fixed capacity."""
         return self.neighbours.cutoff_edges(state, self.edges)
+
+    def stress_at(self, state: State) -> torch.Tensor:
+        """(S, 3, 3) stress of every term on the current lists; for output, outside the step."""
+        stress = self.potential(state, self.model_edges(state), compute_stress=True).stress
+        if self.dispersion is not None:
+            stress = stress + self.dispersion.d3(state, self.dispersion.edges, True).stress
+        return stress
+
+    def lists(self) -> list[tuple[NeighbourList, Edges]]:
+        """Every neighbour list with its edges: the model's first, then the dispersion's."""
+        found = [(self.neighbours, self.edges)]
+        if self.dispersion is not None:
+            found.append((self.dispersion.neighbours, self.dispersion.edges))
+        return found
+
+    def overflow(self) -> torch.Tensor:
+        """() bool device tensor: did any list overflow?"""
+        return torch.stack([edges.overflow for _, edges in self.lists()]).any()
+
+    def stale(self) -> torch.Tensor:
+        """() bool device tensor: may any list miss a pair (its skin check failed)?"""
+        return torch.stack([neighbours.stale for neighbours, _ in self.lists()]).any()
+
+    def build(self, state: State) -> None:
+        """Search every list from scratch and clear its stale flag (between blocks)."""
+        self.edges = self.neighbours.build(state)
+        self.neighbours.stale.zero_()
+        if self.dispersion is not None:
+            self.dispersion.edges = self.dispersion.neighbours.build(state)
+            self.dispersion.neighbours.stale.zero_()
 
 
 @dataclass
@@ -260,12 +306,11 @@ class Engine:
         regrowths = 0
         while True:
             self._launch(steps)
-            neighbours = self.force_field.neighbours
             own = [
-                self.force_field.edges.overflow.to(torch.float64),
+                self.force_field.overflow().to(torch.float64),
                 torch.isfinite(self.md.energy).all().to(torch.float64),
                 torch.isfinite(self.md.state.positions).all().to(torch.float64),
-                neighbours.stale.to(torch.float64),
+                self.force_field.stale().to(torch.float64),
             ]
             # The block's one host synchronisation: the engine's flags and the guard's values.
             flags = torch.cat([torch.stack(own), self._guard_values()]).cpu()
@@ -288,8 +333,7 @@ class Engine:
                 regrown = True
                 regrowths += 1
             else:
-                self.force_field.edges = neighbours.build(self.md.state)
-                neighbours.stale.zero_()
+                self.force_field.build(self.md.state)
                 self.graph = None  # the schedule changed: capture again
         first, last = self.steps_done, self.steps_done + steps
         if not (bool(flags[1]) and bool(flags[2])):
@@ -320,10 +364,20 @@ class Engine:
         self.search_halvings += 1
 
     def _regrow(self) -> None:
-        field = self.force_field
-        field.neighbours, field.edges = regrow(
-            field.neighbours, self.md.state, max_edges_per_atom=self.max_edges_per_atom
-        )
+        field, term, state = self.force_field, self.force_field.dispersion, self.md.state
+        # The list that overflowed grows (host reads, between blocks); the model's if unsure.
+        # A list that did not is built again from the state put back, as a grown one is.
+        dispersion_full = term is not None and overflowed(term.edges)
+        if dispersion_full:
+            term.neighbours, term.edges = regrow(term.neighbours, state)
+        elif term is not None:
+            term.edges = term.neighbours.build(state)
+        if overflowed(field.edges) or not dispersion_full:
+            field.neighbours, field.edges = regrow(
+                field.neighbours, state, max_edges_per_atom=self.max_edges_per_atom
+            )
+        else:
+            field.edges = field.neighbours.build(state)
         self.graph = None  # shapes changed: capture again, after an eager warm-up block
         self.warmed_up = False
         self.regrowths += 1

@@ -2,29 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.integrators import MDState
 from fastmace.dynamics.integrators.common import cell_volume, kinetic_tensor
-from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.state import State
 from fastmace.vocabulary import EV_PER_A3_IN_GPA
 
 
 def thermo_rows(
-    md: MDState, potential: Potential, edges: Edges, step: int, time_fs: float
+    md: MDState, stress_at: Callable[[State], torch.Tensor], step: int, time_fs: float
 ) -> list[dict[str, float | int | None]]:
     """One thermo row per system at ``md``.
 
     The pressure needs the stress, which the integrators only compute under a barostat: for
-    the others it is evaluated here, once per output step, outside the captured block. It is
+    the others it is evaluated here by ``stress_at`` (the force field's: every energy term's),
+    once per output step, outside the captured block. It is
     the virial pressure ``(tr(sum m v v^T) - tr(stress) V) / 3V`` of periodic systems (ASE's sign
     convention for the stress); other systems get no pressure or volume.
     """
     state = md.state
     stress = md.stress
     if stress is None:
-        stress = potential(state, edges, compute_stress=True).stress
+        stress = stress_at(state)
     periodic = state.pbc.all(dim=1)
     volume = cell_volume(state.cell)
     kinetic = kinetic_tensor(state).diagonal(dim1=1, dim2=2).sum(dim=1)

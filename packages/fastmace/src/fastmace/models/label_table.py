@@ -26,6 +26,9 @@ class Head:
     functional: str | None
     training_data: str | None
     aliases: tuple[str, ...] = ()
+    d3_functional: str | None = None
+    """The D3(BJ) parameter set for ``functional`` (torch-dftd's name), None where dispersion
+    does not apply: the reference already contains it, or is not a density functional."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,13 @@ def checkpoints() -> tuple[Checkpoint, ...]:
     rows = []
     for row in _table()["checkpoints"]:
         heads = tuple(
-            Head(h["name"], h["functional"], h["training_data"], tuple(h["aliases"]))
+            Head(
+                h["name"],
+                h["functional"],
+                h["training_data"],
+                tuple(h["aliases"]),
+                h.get("d3_functional"),
+            )
             for h in row["heads"]
         )
         rows.append(
