@@ -119,7 +119,7 @@ def test_resume_without_a_restart_says_so(tmp_path):
     output = RunDirectory.create(tmp_path / "run", n_atoms=2, n_systems=1)
     output.write_frames(0, 0.0, batch(0, 1))
     output.close()
-    with pytest.raises(RunDirectoryError, match="no restart file yet"):
+    with pytest.raises(RunDirectoryError, match="wrote no restart yet"):
         RunDirectory.resume(tmp_path / "run")
 
 

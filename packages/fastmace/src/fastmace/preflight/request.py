@@ -104,5 +104,5 @@ def check_request(
     settings = {name: value for name, value in settings.items() if value is not None}
     initial = arguments.get("initial_temperature_K")
     check_fits_structures(ensemble, settings, structures, initial, resume)
-    check_run_directory(arguments.get("output"), resume)
+    check_run_directory(arguments.get("output"), resume, arguments.get("steps"))
     return CheckedRequest(units, structures, ensemble)
