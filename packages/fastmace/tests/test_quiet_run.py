@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import re
 import warnings
-from pathlib import Path
 
-from conftest import run_fastmace
+from conftest import EXAMPLE, run_fastmace
 
-EXAMPLE = Path(__file__).parents[3] / "examples" / "cu-fcc-32.extxyz"
 # A Python warning ("...: UserWarning: ...", "warnings.warn(") or a torch log line ("W1201 ...").
 NOISE = re.compile(r"Warning\b|warnings\.warn|^[WE]\d{4} ", re.MULTILINE)
 
