@@ -210,9 +210,9 @@ def test_a_resume_to_fewer_steps_than_done_is_refused_before_anything_changes(
     assert fm.md(EXAMPLE, steps=10, resume=True, **common).steps == 10
 
 
-# The killed runs: 80 steps of 2 fs, restarts at steps 0, 30, 60 and 80.
-KILLED = ["--temperature", "300", "--steps", "80", "--timestep", "2", "--seed", "7",
-          "--thermo-every", "5", "--traj-every", "5", "--restart-every", "30"]  # fmt: skip
+# The killed runs: 40 steps of 2 fs, restarts at steps 0, 15, 30 and 40.
+KILLED = ["--temperature", "300", "--steps", "40", "--timestep", "2", "--seed", "7",
+          "--thermo-every", "5", "--traj-every", "5", "--restart-every", "15"]  # fmt: skip
 
 
 def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -268,9 +268,9 @@ def test_fastmace_md_killed_at_several_moments_resumes_bit_for_bit(clean_env, tm
         # Before the first scheduled restart: only step 0's exists.
         ([], lambda: _last_step(run) >= 5, 0),
         # After a restart, mid-way to the next.
-        (["--resume"], lambda: _last_step(run) >= 35, 30),
+        (["--resume"], lambda: _last_step(run) >= 20, 15),
         # The moment a restart is replaced, before or while the block's rows are written.
-        (["--resume"], lambda: _restart_step(run) == 60, 60),
+        (["--resume"], lambda: _restart_step(run) == 30, 30),
     ]
     for extra, ready, restart in moments:
         _kill_when(_start([*command, *extra], clean_env), ready)
@@ -279,14 +279,20 @@ def test_fastmace_md_killed_at_several_moments_resumes_bit_for_bit(clean_env, tm
     resumed = run_fastmace([*command, "--resume"], clean_env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads((run / "metadata.json").read_text())["status"] == "finished"
-    assert _thermo_without_timing(run) == _thermo_without_timing(straight)
-    assert [int(row["step"]) for row in _thermo_without_timing(run)] == list(range(0, 85, 5))
+    rows = [_thermo_without_timing(directory) for directory in (straight, run)]
+    assert [int(row["step"]) for row in rows[1]] == list(range(0, 45, 5))
+    for one, other in zip(*rows, strict=True):
+        # The thermo pressure's stress is summed over the neighbour list of the moment, which
+        # a resume builds anew: its last digit may differ (docs/validation/reliability.md).
+        pressures = float(one.pop("pressure_GPa")), float(other.pop("pressure_GPa"))
+        assert pressures[0] == pytest.approx(pressures[1], rel=1e-14, abs=1e-15)
+        assert one == other  # every other column, digit for digit
     ends = [load_restart(directory / "restart.npz") for directory in (straight, run)]
-    assert ends[0].step == ends[1].step == 80
+    assert ends[0].step == ends[1].step == 40
     for name in ("state.positions", "state.velocities"):
         assert np.array_equal(ends[0].payload["tensors"][name], ends[1].payload["tensors"][name])
     frames = [read_trajectory(directory / "trajectory.extxyz") for directory in (straight, run)]
-    assert len(frames[0]) == len(frames[1]) == 17
+    assert len(frames[0]) == len(frames[1]) == 9
     for one, other in zip(*frames, strict=True):
         assert np.array_equal(one.positions, other.positions)
         assert np.array_equal(one.get_velocities(), other.get_velocities())
@@ -330,11 +336,11 @@ BLOW_UPS = {
         _write_copper, ["--temperature", "20000", "--timestep", "10"], "system 0's temperature",
     ),
     "NPT at -1e5 GPa": (
-        _write_copper, ["--ensemble", "npt", "--temperature", "300", "--pressure", "-1e5"],
+        _write_copper, ["--ensemble", "npt", "--temperature", "300", "--pressure=-1e5"],
         "system 0's volume",
     ),
     "NPT at +1e5 GPa": (
-        _write_copper, ["--ensemble", "npt", "--temperature", "300", "--pressure", "1e5"],
+        _write_copper, ["--ensemble", "npt", "--temperature", "300", "--pressure=1e5"],
         "the atoms are collapsing",
     ),
 }  # fmt: skip
@@ -452,6 +458,5 @@ def test_concurrent_starts_into_one_directory_give_it_one_run_over_stale_locks(c
         assert [int(row["step"]) for row in rows] == [0, 5, 10]
         assert json.loads((directory / "metadata.json").read_text())["status"] == "finished"
         assert not [name for name in os.listdir(directory) if name.startswith(".")]
-    assert [lock.path for lock in find_stale_locks([extensions, tmp_path / "cache" / "oeq"])] == (
-        locks
-    )  # nothing waited on them, nothing removed them
+    found = find_stale_locks([extensions, tmp_path / "cache" / "oeq"])
+    assert sorted(lock.path for lock in found) == sorted(locks)  # none waited on, none removed
