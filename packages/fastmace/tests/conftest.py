@@ -1,5 +1,6 @@
-"""Shared helpers: a clean environment for child processes, a cache root of the test's own and
-a snapshot of a directory tree."""
+"""Shared helpers: a clean environment for child processes, a cache root of the test's own, a
+snapshot of a directory tree, the example structure, rattled copper, run settings and the demo
+model."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import ase
+import ase.build
 import pytest
+
+# The shipped example: 32 atoms of fcc copper (the file users run first).
+EXAMPLE = Path(__file__).parents[3] / "examples" / "cu-fcc-32.extxyz"
 
 # Variables of ours (and of the tools we configure) that must not leak from the developer's
 # shell into a test's child process.
@@ -66,3 +72,36 @@ def run_fastmace(
 def tree(root: Path) -> set[str]:
     """Every path below ``root``, relative to it."""
     return {str(path.relative_to(root)) for path in root.rglob("*")}
+
+
+def copper(repeat: tuple[int, int, int] = (2, 1, 1)) -> ase.Atoms:
+    """Rattled fcc copper, ``repeat`` cubic cells (the default: 8 atoms)."""
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat(repeat)
+    atoms.rattle(0.02, seed=3)
+    return atoms
+
+
+def settings(steps: int, **changes):
+    """RunSettings of a short Langevin run at 300 K with 2 fs steps; ``changes`` replace any."""
+    from fastmace.dynamics.ensembles import ensemble
+    from fastmace.io import OutputSchedule
+    from fastmace.simulation import RunSettings
+
+    values = dict(
+        ensemble=ensemble("nvt", temperature_K=300.0, friction_per_ps=5.0),
+        steps=steps,
+        timestep_fs=2.0,
+        seed=7,
+        schedule=OutputSchedule(trajectory_every=5, thermo_every=5, restart_every=10),
+        initial_temperature_K=300.0,
+    )  # the schedule makes K = 5
+    values.update(changes)
+    return RunSettings(**values)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    """The shipped demo model, loaded once per test module."""
+    from fastmace.models.load import load
+
+    return load("demo-emt-cu")

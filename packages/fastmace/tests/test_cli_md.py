@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
-from conftest import run_fastmace
+from conftest import EXAMPLE, run_fastmace
 
 from fastmace.cli.main import build_parser
-
-EXAMPLE = Path(__file__).parents[3] / "examples" / "cu-fcc-32.extxyz"
 
 
 def test_md_writes_a_run_directory_and_refuses_to_overwrite_it(clean_env, tmp_path):

@@ -14,6 +14,7 @@ import ase.build
 import numpy as np
 import pytest
 import torch
+from conftest import settings as shared_settings
 from test_neighbours import ForbidHostSync
 
 import fastmace as fm
@@ -21,16 +22,10 @@ from fastmace.dynamics.ensembles import ensemble
 from fastmace.dynamics.errors import GuardError, SimulationError
 from fastmace.dynamics.guard import QUANTITIES
 from fastmace.io import OutputSchedule, load_restart
-from fastmace.models.load import load
 from fastmace.planner import EngineConfig, EngineSettings, GuardConfig
 from fastmace.simulation import RunSettings, Simulation
 
 QUIET = dict(trajectory_every=0, thermo_every=10, progress=None)
-
-
-@pytest.fixture(scope="module")
-def demo():
-    return load("demo-emt-cu")
 
 
 def copper(repeat=(1, 1, 1)) -> ase.Atoms:
@@ -113,16 +108,7 @@ def test_a_displacement_beyond_the_skin_stops_the_run(demo):
 
 
 def settings(steps: int, **changes) -> RunSettings:
-    values = dict(
-        ensemble=ensemble("nvt", temperature_K=300.0, friction_per_ps=5.0),
-        steps=steps,
-        timestep_fs=2.0,
-        seed=7,
-        schedule=OutputSchedule(0, 5, 0),  # blocks of 5 steps
-        initial_temperature_K=300.0,
-    )
-    values.update(changes)
-    return RunSettings(**values)
+    return shared_settings(steps, **{"schedule": OutputSchedule(0, 5, 0), **changes})  # K = 5
 
 
 SOUND = {

@@ -79,9 +79,15 @@ def test_resume_continues_without_duplicates_or_gaps(tmp_path, trajectory_format
 
 
 def test_create_refuses_a_directory_with_output(tmp_path):
-    RunDirectory.create(tmp_path / "run", n_atoms=2).close()
+    output = RunDirectory.create(tmp_path / "run", n_atoms=2)
+    output.write_restart(0, {})
+    output.close()
     with pytest.raises(RunDirectoryError, match=r"choose another directory.*resume"):
         RunDirectory.create(tmp_path / "run", n_atoms=2)
+    # Stopped before its step-0 restart: nothing to resume, so no advice to resume.
+    RunDirectory.create(tmp_path / "unstarted", n_atoms=2).close()
+    with pytest.raises(RunDirectoryError, match=r"wrote no restart yet.*remove the directory"):
+        RunDirectory.create(tmp_path / "unstarted", n_atoms=2)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(RunDirectoryError, match=r"already holds output \(notes.txt\)"):
@@ -119,7 +125,7 @@ def test_resume_without_a_restart_says_so(tmp_path):
     output = RunDirectory.create(tmp_path / "run", n_atoms=2, n_systems=1)
     output.write_frames(0, 0.0, batch(0, 1))
     output.close()
-    with pytest.raises(RunDirectoryError, match="no restart file yet"):
+    with pytest.raises(RunDirectoryError, match="wrote no restart yet"):
         RunDirectory.resume(tmp_path / "run")
 
 

@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import ase.build
 import numpy as np
-import pytest
 
 from fastmace.dynamics.engine import ForceField
 from fastmace.dynamics.ensembles import ensemble
@@ -22,18 +21,12 @@ from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
 from fastmace.io import OutputSchedule
-from fastmace.models.load import load
 from fastmace.simulation import RunSettings, Simulation
 
 # Bounds for 32 Cu atoms at 300 K, 2 fs steps, float64 model (measured: see
 # docs/validation/md-engine.md): fluctuation of the total energy and its drift.
 MAX_FLUCTUATION_EV_PER_ATOM = 2e-4
 MAX_DRIFT_EV_PER_ATOM_PER_PS = 2e-4
-
-
-@pytest.fixture(scope="module")
-def demo():
-    return load("demo-emt-cu")
 
 
 def crystal() -> ase.Atoms:

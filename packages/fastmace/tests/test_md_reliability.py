@@ -17,40 +17,20 @@ from pathlib import Path
 import ase.build
 import numpy as np
 import pytest
+from conftest import copper
+from conftest import settings as shared_settings
 
 from fastmace.dynamics.checks import StructureError
 from fastmace.dynamics.engine import SimulationError
-from fastmace.dynamics.ensembles import ensemble
 from fastmace.io import OutputSchedule, read_trajectory
-from fastmace.models.load import load
 from fastmace.simulation import RunSettings, Simulation
 
 # Restarts far apart: a run killed early only has the restart of step 0.
 SCHEDULE = OutputSchedule(trajectory_every=5, thermo_every=5, restart_every=100_000)
 
 
-@pytest.fixture(scope="module")
-def demo():
-    return load("demo-emt-cu")
-
-
-def copper() -> ase.Atoms:
-    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
-    atoms.rattle(0.02, seed=3)
-    return atoms
-
-
 def settings(steps: int, **changes) -> RunSettings:
-    values = dict(
-        ensemble=ensemble("nvt", temperature_K=300.0, friction_per_ps=5.0),
-        steps=steps,
-        timestep_fs=2.0,
-        seed=7,
-        schedule=SCHEDULE,
-        initial_temperature_K=300.0,
-    )
-    values.update(changes)
-    return RunSettings(**values)
+    return shared_settings(steps, **{"schedule": SCHEDULE, **changes})
 
 
 _CHILD = """

@@ -4,43 +4,18 @@ from __future__ import annotations
 
 import csv
 
-import ase.build
 import numpy as np
 import pytest
 import torch
+from conftest import copper, settings
 
 import fastmace as fm
 from fastmace.dynamics.checks import StructureError
 from fastmace.dynamics.engine import SimulationError
 from fastmace.dynamics.ensembles import EnsembleError, ensemble
 from fastmace.io import OutputSchedule, RunDirectoryError, read_trajectory
-from fastmace.models.load import load
 from fastmace.planner import EngineSettings
-from fastmace.simulation import RunSettings, Simulation
-
-
-@pytest.fixture(scope="module")
-def demo():
-    return load("demo-emt-cu")
-
-
-def copper(repeat=(2, 1, 1)) -> ase.Atoms:
-    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat(repeat)
-    atoms.rattle(0.02, seed=3)
-    return atoms
-
-
-def settings(steps: int, **changes) -> RunSettings:
-    values = dict(
-        ensemble=ensemble("nvt", temperature_K=300.0, friction_per_ps=5.0),
-        steps=steps,
-        timestep_fs=2.0,
-        seed=7,
-        schedule=OutputSchedule(trajectory_every=5, thermo_every=5, restart_every=10),
-        initial_temperature_K=300.0,
-    )  # the schedule makes K = 5
-    values.update(changes)
-    return RunSettings(**values)
+from fastmace.simulation import Simulation
 
 
 def test_run_writes_a_run_directory(demo, tmp_path):

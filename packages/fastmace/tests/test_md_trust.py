@@ -8,13 +8,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_fastmace
+from conftest import EXAMPLE, run_fastmace
 
 import fastmace as fm
 from fastmace.models import files
 from fastmace.models.files import ChecksumMismatchError, ModelFileError
 
-EXAMPLE = Path(__file__).parents[3] / "examples" / "cu-fcc-32.extxyz"
 DEMO = Path(files.__file__).parent / "demo" / "demo-emt-cu.model"
 WRONG = "0" * 64
 SHORT = dict(ensemble="nve", steps=4, timestep_fs=1.0, initial_temperature_K=100.0,

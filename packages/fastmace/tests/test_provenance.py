@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-import ase.build
 import jsonschema
 import pytest
+from conftest import copper
 
 from fastmace.dynamics.engine import SimulationError
 from fastmace.dynamics.ensembles import ensemble
@@ -22,12 +22,6 @@ def schema():
     document = json.loads(SCHEMA.read_text())
     jsonschema.Draft202012Validator.check_schema(document)
     return document
-
-
-def copper() -> ase.Atoms:
-    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
-    atoms.rattle(0.02, seed=3)
-    return atoms
 
 
 def settings(**changes) -> RunSettings:

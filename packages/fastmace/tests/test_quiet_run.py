@@ -21,12 +21,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_fastmace, run_python
+from conftest import EXAMPLE, run_fastmace, run_python
 
 from fastmace.models.quiet import NOISE, library_noise_silenced
 from fastmace.oeq.stderr_filter import stderr_lines_dropped
 
-EXAMPLE = Path(__file__).parents[3] / "examples" / "cu-fcc-32.extxyz"
 # A Python warning ("...: UserWarning: ...", "warnings.warn(", OEq's printed "Warning: ...")
 # or a torch log line ("W1201 ...").
 WARNED = re.compile(r"Warning\b|warnings\.warn|^[WE]\d{4} ", re.MULTILINE)

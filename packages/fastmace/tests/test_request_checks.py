@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_fastmace, run_python, tree
+from conftest import EXAMPLE, run_fastmace, run_python, tree
 
-EXAMPLE = Path(__file__).parents[3] / "examples" / "cu-fcc-32.extxyz"
 SHORT = ["--temperature", "300", "--steps", "2"]
 
 # Requests fm.md must refuse before it loads a model or creates the run directory: each case

@@ -9,25 +9,17 @@ import csv
 import json
 from pathlib import Path
 
-import ase.build
 import numpy as np
 import pytest
-from conftest import run_fastmace
+from conftest import EXAMPLE, copper, run_fastmace
 
 import fastmace as fm
 from fastmace.dynamics.ensembles import ensemble
 from fastmace.io import Restart, read_trajectory
 from fastmace.resuming import ResumeError, canonical_settings, check_resume
 
-EXAMPLE = Path(__file__).parents[3] / "examples" / "cu-fcc-32.extxyz"
 RUN = dict(model="demo-emt-cu", temperature_K=300.0, friction_per_ps=5.0, timestep_fs=2.0,
            seed=7, thermo_every=5, trajectory_every=5, restart_every=10, progress=None)  # fmt: skip
-
-
-def copper() -> ase.Atoms:
-    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
-    atoms.rattle(0.02, seed=3)
-    return atoms
 
 
 def snapshot(run: Path) -> dict[str, bytes]:

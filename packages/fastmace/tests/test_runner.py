@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
-import ase.build
 import jsonschema
 import numpy as np
 import pytest
+from conftest import EXAMPLE, copper
 
 import fastmace as fm
 from fastmace.cli.main import main as cli_main
@@ -20,7 +20,6 @@ from fastmace.provenance import SCHEMA
 from fastmace.runner import RunnerConfig, RunnerError, encode_arguments
 from fastmace.runtime.environment import child_environment
 
-EXAMPLE = Path(__file__).parents[3] / "examples" / "cu-fcc-32.extxyz"
 RUN = dict(
     model="demo-emt-cu", temperature_K=300.0, steps=10, timestep_fs=2.0, block_steps=5, seed=7,
     thermo_every=5, trajectory_every=5,
@@ -37,12 +36,6 @@ def cache(tmp_path, monkeypatch, clean_env):
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
-
-
-def copper() -> ase.Atoms:
-    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
-    atoms.rattle(0.02, seed=3)
-    return atoms
 
 
 def assert_no_handoff_left(cache: Path) -> None:

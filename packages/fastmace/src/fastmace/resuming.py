@@ -91,6 +91,22 @@ def restart_time_fs(restart: Restart) -> float:
     return restart.step * float(payload.get("timestep_fs", 1.0))
 
 
+def too_few_steps(steps: int, restart_step: int, output: str | Path) -> str | None:
+    """Why a resume to ``steps`` cannot continue the restart at ``restart_step`` in run
+    directory ``output``, or None when it can.
+
+    ``steps`` counts the whole run from step 0, not the steps to add: a run at step 400
+    resumed with ``steps=200`` has nothing to do, and its files would be cut back for it.
+    """
+    if steps >= restart_step:
+        return None
+    return (
+        f"cannot resume {output} with steps={steps}: its restart is at step {restart_step}, "
+        f"and steps counts the whole run from step 0, not the steps to add. Give steps >= "
+        f"{restart_step} (e.g. {restart_step + steps} to run {steps} more)"
+    )
+
+
 def check_resume(
     restart: Restart,
     requested: dict[str, Any],

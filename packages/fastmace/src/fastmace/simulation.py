@@ -24,7 +24,7 @@ import torch
 from fastmace.dynamics.checks import check_structures
 from fastmace.dynamics.dispersion import DispersionTerm, run_dispersion_functional
 from fastmace.dynamics.engine import Engine, ForceField, generators_of, tensors_of
-from fastmace.dynamics.errors import SimulationError
+from fastmace.dynamics.errors import GuardError, SimulationError
 from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import make_generator, maxwell_boltzmann_velocities
 from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
@@ -38,10 +38,12 @@ from fastmace.io.plot import can_plot
 from fastmace.models.load import LoadedModel
 from fastmace.planner import EngineSettings, Plan
 from fastmace.resuming import (
+    ResumeError,
     check_resume,
     physics_record,
     restart_time_fs,
     saved_restart,
+    too_few_steps,
 )
 from fastmace.runs import MDResult, RunSettings
 from fastmace.runtime.process_clock import seconds_since_process_start
@@ -181,6 +183,9 @@ class Simulation:
                 restart, self.physics, state.atomic_numbers.cpu().numpy(), output,
                 describe=self.settings.ensemble.describe(),
             )  # fmt: skip
+            fewer = too_few_steps(self.settings.steps, restart.step, output)
+            if fewer is not None:
+                raise ResumeError(fewer)
 
     def time_fs(self, step: int) -> float:
         """The simulated time at ``step``: a resumed run continues from its restart's time,
@@ -338,7 +343,7 @@ class Simulation:
                 try:
                     self.engine.run_block(steps)  # the block's one host synchronisation
                 except SimulationError as error:
-                    error.args = (f"{error.args[0]}. {self._resumable()}",)
+                    error.args = (f"{error.args[0]}. {self._resumable(error)}",)
                     raise
                 elapsed = time.perf_counter() - tick
                 # Steady speed: graph replays when capturing, else every block after the
@@ -400,19 +405,25 @@ class Simulation:
             self.output.close()
         return result
 
-    def _resumable(self) -> str:
+    def _resumable(self, error: SimulationError) -> str:
         """Which restart a failed run can be resumed from: for SimulationError's message."""
         if self.output is None:
             return "This run has no output directory, so no restart to resume from"
         if self.last_restart is None:
             return "No restart was written, so there is nothing to resume from"
         directory = self.output.directory
+        # Only the guard's bounds can be raised; a collapse or a non-finite state cannot.
+        raised = (
+            ", or, if the state is physical, with the guard's bound raised (--guard "
+            "NAME=VALUE, fm.md(guard={...}); docs/md.md)"
+            if isinstance(error, GuardError)
+            else ""
+        )
         return (
             f"The last good restart is {directory.restart_path} at step {self.last_restart} "
             f"(t = {self.time_fs(self.last_restart):g} fs): resume from it (fastmace md ... "
             f"--output {directory.path} --resume, or fm.md(..., resume=True)) with a smaller "
-            "timestep, or, if the state is physical, with the guard's bound raised (--guard "
-            "NAME=VALUE, fm.md(guard={...}); docs/md.md)"
+            f"timestep{raised}"
         )
 
 

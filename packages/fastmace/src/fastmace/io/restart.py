@@ -69,12 +69,21 @@ def save_restart(path: Path, step: int, payload: Mapping[str, Any]) -> None:
 
 def load_restart(path: Path) -> Restart:
     """Read a restart file written by :func:`save_restart`."""
-    path = Path(path)
+    return _read(Path(path), payload=True)
+
+
+def restart_step(path: Path) -> int:
+    """The step restart file ``path`` was written at, from its manifest alone: a preflight
+    check reads this without loading the arrays (hundreds of MB for a large system)."""
+    return _read(Path(path), payload=False).step
+
+
+def _read(path: Path, payload: bool) -> Restart:
     try:
         with np.load(path, allow_pickle=False) as archive:
             manifest = json.loads(archive[_MANIFEST].tobytes().decode("utf-8"))
             _check_manifest(manifest, path)
-            payload = _decode(manifest["payload"], archive)
+            tree = _decode(manifest["payload"], archive) if payload else {}
     except RestartFormatError:
         raise
     except FileNotFoundError:
@@ -84,7 +93,7 @@ def load_restart(path: Path) -> Restart:
             f"{path} is not a readable FastMACE restart file ({error}); "
             "it may be damaged or written by another program"
         ) from error
-    return Restart(step=int(manifest["step"]), payload=payload)
+    return Restart(step=int(manifest["step"]), payload=tree)
 
 
 def _check_manifest(manifest: Any, path: Path) -> None:

@@ -42,6 +42,15 @@ class RunDirectoryError(RuntimeError):
     """A run directory cannot be created or resumed as asked."""
 
 
+# A run directory whose run stopped (or is still starting) before it wrote the restart of
+# step 0: nothing can be resumed, and the directory is never overwritten.
+_UNSTARTED = (
+    "its run wrote no restart yet (restart.npz, written at step 0), so it was stopped while "
+    "starting, or is starting now, and there is nothing to resume. Once no process runs it, "
+    "remove the directory and start again, or start the run in another directory"
+)
+
+
 class OccupiedRunDirectoryError(RunDirectoryError):
     """A new run was asked for in a directory that already holds output."""
 
@@ -49,6 +58,10 @@ class OccupiedRunDirectoryError(RunDirectoryError):
         self.path = path
         self.entries = entries
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        if "run.json" in entries and "restart.npz" not in entries:
+            # Advising a resume here would send the user round in a circle: there is none.
+            super().__init__(f"run directory {path} already holds output ({shown}); {_UNSTARTED}")
+            return
         super().__init__(
             f"run directory {path} already holds output ({shown}) and is never overwritten; "
             f"choose another directory, or continue that run with {resume_how}"
@@ -155,10 +168,7 @@ class RunDirectory:
         settings = directory._read_settings()
         remove_temporaries(directory.path)  # left by a process killed mid-write
         if not directory.restart_path.is_file():
-            raise RunDirectoryError(
-                f"{directory.path} has no restart file yet, so there is nothing to resume "
-                "from; start the run again in a new directory"
-            )
+            raise RunDirectoryError(f"cannot resume {directory.path}: {_UNSTARTED}")
         restart = load_restart(directory.restart_path)
         directory._truncate_after(settings["trajectory_format"], restart.step)
         return RunOutput(directory, settings, restart=restart)
@@ -209,10 +219,7 @@ class RunDirectory:
         """Raise what :meth:`resume` would about the directory before reading its restart."""
         self._read_settings()
         if not self.restart_path.is_file():
-            raise RunDirectoryError(
-                f"{self.path} has no restart file yet, so there is nothing to resume "
-                "from; start the run again in a new directory"
-            )
+            raise RunDirectoryError(f"cannot resume {self.path}: {_UNSTARTED}")
 
     def _claim_empty(self) -> None:
         self.check_can_create()

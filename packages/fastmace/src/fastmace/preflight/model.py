@@ -22,6 +22,8 @@ from fastmace.models.files import (
 from fastmace.models.label_table import find_checkpoint, resolve_label
 from fastmace.preflight.values import RequestTypeError, optional_path, optional_text
 
+CHECKPOINT_SUFFIXES = (".model", ".pt", ".pth", ".ckpt")
+
 
 def check_model(
     model: Any,
@@ -69,6 +71,12 @@ def _look_up(
         return
     path = Path(text).expanduser()
     if not path.exists():
+        if os.sep in text or path.suffix in CHECKPOINT_SUFFIXES:
+            # Meant as a path (no label has a slash or a suffix): "unknown label" would mislead.
+            raise ModelFileError(
+                f"the model file {path} does not exist; give the path of a checkpoint file, or "
+                "a label (`fastmace models list` shows them)"
+            )
         resolve_label(text)  # UnknownLabelError, with the labels that come close
     if not path.is_file():
         raise ModelFileError(f"the model path {path} is not a file; give a checkpoint file")

@@ -11,9 +11,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fastmace.io.restart import restart_step
 from fastmace.io.run_directory import RunDirectory
 from fastmace.io.trajectory import FORMATS
 from fastmace.preflight.values import RequestError, one_of, optional_path, switch, whole
+from fastmace.resuming import too_few_steps
 
 INTERVALS = ("trajectory_every", "thermo_every", "restart_every")
 
@@ -30,8 +32,11 @@ def check_output_settings(arguments: dict[str, Any]) -> None:
         switch("resume", arguments["resume"])
 
 
-def check_run_directory(output: str | os.PathLike[str] | None, resume: bool) -> None:
-    """The run directory can be created (a new run) or continued (``resume``)."""
+def check_run_directory(
+    output: str | os.PathLike[str] | None, resume: bool, steps: int | None = None
+) -> None:
+    """The run directory can be created (a new run) or continued (``resume``) to ``steps``
+    (the whole run's length)."""
     if output is None:
         if resume:
             raise RequestError(
@@ -41,5 +46,9 @@ def check_run_directory(output: str | os.PathLike[str] | None, resume: bool) -> 
     directory = RunDirectory(Path(output))
     if resume:
         directory.check_can_resume()
+        if steps is not None:  # here: at the run's start the files are already cut back
+            fewer = too_few_steps(steps, restart_step(directory.restart_path), directory.path)
+            if fewer is not None:
+                raise RequestError(fewer, "steps")
     else:
         directory.check_can_create()

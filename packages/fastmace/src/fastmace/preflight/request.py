@@ -17,7 +17,8 @@ from typing import Any
 
 import ase
 
-from fastmace.dynamics.checks import check_structures
+from fastmace.dynamics.checks import StructureError, check_structures
+from fastmace.planner.guard import GuardConfig
 from fastmace.preflight.ensemble import (
     BOUNDS,
     check_fits_structures,
@@ -80,6 +81,11 @@ def check_arguments(arguments: Mapping[str, Any], look: bool = True) -> str:
         if name in arguments:
             switch(name, arguments[name])
     check_output_settings(dict(arguments))
+    if arguments.get("guard") is not None:
+        try:
+            GuardConfig.coerce(arguments["guard"])
+        except (TypeError, ValueError) as error:  # as a request's error: names the config file
+            raise RequestError(str(error), "guard") from None
     settings = {name: arguments.get(name) for name in ENSEMBLE_SETTINGS}
     name = arguments.get("ensemble", DEFAULT_ENSEMBLE)
     for kind, setting in (
@@ -145,11 +151,17 @@ def check_request(
     check_environment(extra_environment)
     units = read_structures(structure)
     structures = read_structures(units, arguments.get("repeat"))
-    check_structures(structures, model_species=None)
+    try:
+        check_structures(structures, model_species=None)
+    except StructureError as error:
+        if not isinstance(structure, str | os.PathLike):
+            raise
+        # The message says "the structure"; a user of the command line needs the file too.
+        raise StructureError(f"structure file {structure}: {error}") from None
     resume = bool(arguments.get("resume", False))
     settings = {name: arguments.get(name) for name in ENSEMBLE_SETTINGS}
     settings = {name: value for name, value in settings.items() if value is not None}
     initial = arguments.get("initial_temperature_K")
     check_fits_structures(ensemble, settings, structures, initial, resume)
-    check_run_directory(arguments.get("output"), resume)
+    check_run_directory(arguments.get("output"), resume, arguments.get("steps"))
     return CheckedRequest(units, structures, ensemble)
