@@ -273,11 +273,8 @@ def test_padding_changes_nothing_even_when_padding_slots_hold_garbage():
         for value in (result.energy, result.forces, result.stress):
             assert torch.isfinite(value).all()
         assert_same(results[0], result, torch.float32)
-    # On the CPU the real atoms do exactly the same arithmetic: the results are bitwise equal.
-    for result in results[1:]:
-        assert torch.equal(result.energy, results[0].energy)
-        assert torch.equal(result.forces, results[0].forces)
-        assert torch.equal(result.stress, results[0].stress)
+    # Not bitwise: on the development machine of 2026-12-01 (AVX-512) a padded edge array
+    # changed forces by 7e-9 eV/Å (float32 rounding: the same terms summed in another order).
 
 
 def test_skin_edges_beyond_the_cutoff_change_nothing_even_where_mace_would_count_them():

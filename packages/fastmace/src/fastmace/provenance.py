@@ -350,11 +350,12 @@ def _output_summary(simulation: Simulation, result: MDResult) -> str:
     """The run directory, and its plot or how to get one."""
     if result.output is None:
         return "none (no directory)"
+    where = Path(result.output).absolute()  # the default directory name is relative
     if simulation.plot is not None:
-        return f"{result.output} (plot: {simulation.plot.name})"
+        return f"{where} (plot: {simulation.plot.name})"
     if simulation.output is not None and not can_plot():
-        return f"{result.output} (no plot: matplotlib is not installed; {INSTALL_HINT})"
-    return str(result.output)
+        return f"{where} (no plot: matplotlib is not installed; {INSTALL_HINT})"
+    return str(where)
 
 
 def run_report(simulation: Simulation, result: MDResult) -> str:

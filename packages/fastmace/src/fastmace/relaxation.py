@@ -273,7 +273,7 @@ class Relaxation:
             "status": "finished",
             "software": software(),
             "device": device_record(self.model.device),
-            "model": model_record(self.model),
+            "model": model_record(self.model, self.model.backend_reason),
             "structures": structures_record(self.structures),
             "settings": {"fire": vars(self.settings), "max_steps": self.max_steps},
             "engine": {

@@ -24,6 +24,7 @@ from fastmace.vocabulary import GPA_PER_BAR
 if TYPE_CHECKING:
     from fastmace.dynamics.ensembles import Ensemble
     from fastmace.models.load import LoadedModel
+    from fastmace.protocol import TemperatureSchedule
     from fastmace.runs import RunSettings
 
 RESTART_FILE = "restart.npz"
@@ -44,12 +45,13 @@ def physics_record(settings: RunSettings, model: LoadedModel, n_systems: int) ->
         "head": model.head,
         "dtype": model.dtype,
         "seed": settings.seed,
-        "temperature_schedule": (
-            None
-            if settings.temperature_schedule is None
-            else settings.temperature_schedule.to_dict()
-        ),
+        "temperature_schedule": _schedule(settings.temperature_schedule),
+        "pressure_schedule": _schedule(settings.pressure_schedule),
     }
+
+
+def _schedule(schedule: TemperatureSchedule | None) -> dict[str, Any] | None:
+    return None if schedule is None else schedule.to_dict()
 
 
 def canonical_settings(ensemble: Ensemble, n_systems: int) -> dict[str, Any]:
@@ -153,8 +155,8 @@ def _differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:
             f"requested {requested['model']} ({requested['model_content_hash'][:12]})"
         )
     for name in ("head", "dtype", "seed", "temperature_schedule", "pressure_schedule"):
-        if saved.get(name) != requested[name]:  # restarts from before schedules hold None
-            found.append(f"{name}: saved {saved.get(name)}, requested {requested[name]}")
+        if saved.get(name) != requested.get(name):  # restarts from before schedules: None
+            found.append(f"{name}: saved {saved.get(name)}, requested {requested.get(name)}")
     return found
 
 
