@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from fastmace.cli.md import _repeat as parse_repeat  # the same --repeat as fastmace md
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     relax = commands.add_parser(
@@ -33,7 +35,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--max-step", type=float, default=0.2, dest="max_step_A",
         help="largest move of a system per iteration, Å",
     )  # fmt: skip
-    relax.add_argument("--repeat", help="supercell, e.g. 3 or 4,4,2")
+    relax.add_argument("--repeat", type=parse_repeat, help="supercell, e.g. 3 or 4,4,2")
     relax.add_argument(
         "--output", "-o", help="a new directory (default: relax-<name>-<date>-<time>)"
     )
@@ -43,16 +45,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     relax.set_defaults(handler=_relax)
 
 
-def _repeat(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        counts = tuple(int(part) for part in text.replace("x", ",").split(","))
-    except ValueError:
-        raise ValueError(f"--repeat takes N or A,B,C, got {text!r}") from None
-    return counts * 3 if len(counts) == 1 else counts
-
-
 def _relax(args: argparse.Namespace) -> int:
     import fastmace
 
@@ -60,7 +52,7 @@ def _relax(args: argparse.Namespace) -> int:
     result = fastmace.relax(
         args.structure, model=args.model, head=args.head, sha256=args.sha256,
         trusted=args.trusted, fmax=args.fmax, steps=args.steps, cell=args.cell,
-        pressure_GPa=args.pressure_GPa, max_step_A=args.max_step_A, repeat=_repeat(args.repeat),
+        pressure_GPa=args.pressure_GPa, max_step_A=args.max_step_A, repeat=args.repeat,
         output=output, device=args.device, dtype=args.dtype, backend=args.backend,
         progress=sys.stderr,
     )  # fmt: skip
