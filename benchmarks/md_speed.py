@@ -121,6 +121,7 @@ LABELS: dict[tuple[str, str], str] = {
     ("fastmace", "cueq-tf32-compile"): "FastMACE cuEq, TF32 matmuls + torch.compile",
     ("fastmace", "cueq-nograph"): "FastMACE cuEq, capture=False",
     ("fastmace", "cueq-tf32"): "FastMACE cuEq, TF32 matmuls",
+    ("fastmace", "cueq-d3"): "FastMACE cuEq + D3(BJ) dispersion",
     ("fastmace", "hybrid-tf32"): "FastMACE hybrid, TF32 matmuls",
     ("fastmace", "e3nn"): "FastMACE e3nn",
     ("fastmace", "e3nn-nograph"): "FastMACE e3nn, capture=False",
@@ -137,6 +138,7 @@ FASTMACE_VARIANTS: dict[str, tuple[str, bool | None, bool, str]] = {
     "hybrid": ("hybrid", None, False, "float32"),
     "cueq": ("cueq", None, False, "float32"),
     "cueq-tf32": ("cueq", None, False, "tf32"),
+    "cueq-d3": ("cueq", None, False, "float32"),
     "hybrid-tf32": ("hybrid", None, False, "tf32"),
     "hybrid-nograph": ("hybrid", False, False, "float32"),
     "cueq-nograph": ("cueq", False, False, "float32"),
@@ -228,6 +230,8 @@ def full_plan() -> list[Case]:
     cases += [Case("mp0-medium", n, "fastmace", "cueq-tf32-compile") for n in (216, 1728, 13824)]
     # The largest cell of the issue's targets (at least 150,000 atoms): memory per atom.
     cases.append(Case("mp0-medium", LARGEST_ATOMS, "fastmace", "cueq"))
+    # D3(BJ)'s cost against the plain step (issue: at most 1.3x at 13,824 atoms).
+    cases += [Case("mp0-medium", n, "fastmace", "cueq-d3") for n in (1728, 13824)]
     return cases
 
 
@@ -599,8 +603,11 @@ class Bench:
             block_s = predicted * block / 1000
             budget = min(self.args.target_s, max(self.remaining() * 0.3, 1.0))
             timed = min(max(math.ceil(budget / block_s), 3), 40)
+        # "-d3" variants add D3(BJ) with PBE's parameters (the functional MP-0 was fitted to).
+        dispersion = {"dispersion": "d3bj", "dispersion_functional": "pbe"}
         settings = RunSettings(
             ensemble=ensemble("nvt", temperature_K=TEMPERATURE_K, friction_per_ps=FRICTION_PER_PS),
+            **(dispersion if case.variant.endswith("-d3") else {}),
             steps=block * (untimed + timed),
             timestep_fs=TIMESTEP_FS,
             seed=SEED,

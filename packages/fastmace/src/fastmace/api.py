@@ -36,7 +36,8 @@ def _pressure_GPa(settings: dict[str, Any]) -> float | None:
 
 # fm.md's keywords that force an engine setting: each is the EngineConfig field of that name.
 ENGINE_KEYWORDS = (
-    "backend", "dtype", "block_steps", "skin_A", "graphs", "matmul_precision", "guard",
+    "backend", "dtype", "block_steps", "skin_A", "graphs", "compile", "matmul_precision",
+    "guard",
 )  # fmt: skip
 
 
@@ -99,6 +100,7 @@ def md(
     block_steps: int | None = None,
     skin_A: float | None = None,
     graphs: bool | None = None,
+    compile: bool | None = None,
     matmul_precision: str | None = None,
     guard: GuardConfig | bool | dict[str, float] | None = None,
     resume: bool = False,
@@ -144,11 +146,11 @@ def md(
     How it runs is planned (:mod:`fastmace.planner`): backend, dtype, graphs, block length,
     skin and the environment variables, each decision with its reason (in the report and
     metadata.json). ``device``, ``dtype``, ``backend``, ``block_steps``, ``skin_A``,
-    ``graphs`` (CUDA graphs) and ``matmul_precision`` ("tf32": the model's matrix products on
-    TF32 tensor cores, faster and looser, docs/md.md) force a decision, as does ``config`` (an
-    ``fm.EngineConfig``):
-    the keywords are its fields of the same name, set on it, so a setting forced both ways
-    must agree.
+    ``graphs`` (CUDA graphs), ``compile`` (the model through ``torch.compile``: faster steps
+    after a compilation of a minute or more, docs/md.md) and ``matmul_precision`` ("tf32": the
+    model's matrix products on TF32 tensor cores, faster and looser) force a decision, as does
+    ``config`` (an ``fm.EngineConfig``): the keywords are its fields of the same name, set on
+    it, so a setting forced both ways must agree.
     The plan is the one carrier of these settings to the model, the engine and the neighbour
     list. ``reproducible=True`` sets the determinism variables.
 
@@ -199,7 +201,7 @@ def md(
         raise TypeError(f"runner must be an fm.RunnerConfig or None, got {runner!r}")
     config = engine_config(
         config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,
-        graphs=graphs, matmul_precision=matmul_precision, guard=guard,
+        graphs=graphs, compile=compile, matmul_precision=matmul_precision, guard=guard,
     )  # fmt: skip
     # Everything that can be checked before a model is loaded or a directory created.
     request = check_request(structure, arguments, runner.environment)

@@ -35,7 +35,7 @@ RUN_KEYS = (
     "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
     "repeat", "initial_temperature_K", "trajectory_every", "thermo_every", "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
-    "block_steps", "skin_A", "graphs", "matmul_precision", "resume", "check", "guard",
+    "block_steps", "skin_A", "graphs", "compile", "matmul_precision", "resume", "check", "guard",
     "temperature_schedule", "pressure_schedule",
     "dispersion", "dispersion_functional",
 )  # fmt: skip
@@ -192,6 +192,11 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         help="tf32: the model's matrix products on TF32 tensor cores (CUDA, float32 models; "
         f"faster, looser: docs/md.md) (default: {DEFAULT_MATMUL_PRECISION})",
     )
+    md.add_argument(
+        "--compile", action="store_true", default=None,
+        help="run the model through torch.compile: faster steps after a compilation of a "
+        "minute or more, cached for later runs (docs/md.md) (default: off)",
+    )  # fmt: skip
     md.add_argument(
         "--guard", action="append", type=_bound, metavar="NAME=VALUE|off",
         help="a bound of the physical guard, e.g. max_force_eV_per_A=200 (repeatable), or "

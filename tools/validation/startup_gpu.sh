@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Start-up, compile, D3 cost and the largest cell on the GPU machine, in two commands that each
+# fit the device's 10-minute limit (every child has its own timeout):
+#
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 1   # gpu tests, start-up, D3 cost
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 2   # compile start-up, 157,464 atoms
+#
+# Writes under $OUT: gpu_tests.txt, startup-13824/, speed-d3/ (stage 1); startup-1728-compile/,
+# speed-largest/ (stage 2).
+set -u
+OUT=${OUT:-/tmp/startup-gpu}
+mkdir -p "$OUT"
+export FASTMACE_CACHE=${FASTMACE_CACHE:-/tmp/fastmace-cache}
+export PYTHONPATH="$PWD/packages/fastmace/src:${PYTHONPATH:-}"
+tests=packages/fastmace/tests
+case "${1:-1}" in
+1)
+  timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_relax.py" \
+    "$tests/test_quiet_run.py" "$tests/test_engine_gpu.py" "$tests/test_neighbours.py" \
+    "$tests/test_potential.py" "$tests/test_engine_settings.py" "$tests/test_integrators.py" \
+    > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests.txt"))"
+  timeout 250 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 120 \
+    --out "$OUT/startup-13824" > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824: exit $?"
+  timeout 150 python3 benchmarks/md_speed.py --out "$OUT/speed-d3" --budget-s 120 \
+    --case-timeout-s 100 --only "mp0-medium/13824/fastmace-cueq,mp0-medium/13824/fastmace-cueq-d3" \
+    > "$OUT/speed-d3.log" 2>&1
+  echo "D3 cost: exit $?"
+  ;;
+2)
+  timeout 380 python3 benchmarks/startup_time.py --atoms 1728 --steps 3000 --timeout-s 185 \
+    --out "$OUT/startup-1728-compile" --extra --compile > "$OUT/startup-1728-compile.log" 2>&1
+  echo "compile start-up 1728: exit $?"
+  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/speed-largest" --budget-s 170 \
+    --case-timeout-s 170 --only "mp0-medium/157464/fastmace-cueq" > "$OUT/speed-largest.log" 2>&1
+  echo "largest cell: exit $?"
+  ;;
+esac
