@@ -63,10 +63,13 @@ def engine_config(config: EngineConfig | None, **keywords: Any) -> EngineConfig:
 
 def _say_if_cuda_started(plan: Plan) -> None:
     """Warn when the plan's variables come too late: CUDA reads them when it starts."""
+    from fastmace.runtime.environment import READ_WHEN_USED
+
     torch = sys.modules.get("torch")
-    if not plan.environment or torch is None or not torch.cuda.is_initialized():
+    late = [s.name for s in plan.environment if s.name not in READ_WHEN_USED]
+    if not late or torch is None or not torch.cuda.is_initialized():
         return
-    names = ", ".join(setting.name for setting in plan.environment)
+    names = ", ".join(late)
     warnings.warn(
         f"CUDA has already started in this process, so the plan's {names} may not take "
         "effect (CUDA and cuBLAS read them when they start); run with "
