@@ -99,6 +99,7 @@ from fastmace.models.checkpoint import contained, import_mace
 from fastmace.models.load import LoadedModel, load
 from fastmace.models.templates import template
 from fastmace.planner import EngineSettings
+from fastmace.runtime import environment
 from fastmace.simulation import RunSettings, Simulation
 
 TEMPERATURE_K = 300.0
@@ -979,8 +980,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def select(cases: list[Case], only: str) -> list[Case]:
+    """The cases ``--only`` names: a filter equal to a case's id selects that case alone (not
+    the variants whose ids extend it), any other filter every case whose id contains it."""
     wanted = [w.strip() for w in only.split(",") if w.strip()]
-    return [c for c in cases if not wanted or any(w in c.id for w in wanted)]
+    ids = {c.id for c in cases}
+
+    def named(case: Case, filter_text: str) -> bool:
+        return case.id == filter_text if filter_text in ids else filter_text in case.id
+
+    return [c for c in cases if not wanted or any(named(c, w) for w in wanted)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -997,6 +1005,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     bench = Bench(args, cases)
     bench.log(f"md_speed: {len(cases)} cases on {args.device}, budget {args.budget_s:.0f} s")
+    if args.device == "cuda":
+        # The cuEquivariance kernel choice the planner makes for every CUDA run (fm.md sets
+        # it; these cases bypass the planner): without it, kernel planning at each new size
+        # costs seconds to minutes of set-up (docs/validation/performance.md).
+        environment.configure_cueq_kernel_choice(environment.CUEQ_KERNEL_CHOICE_VALUE)
     tick = time.perf_counter()
     import_mace()  # through FastMACE's runtime, which prepares OpenEquivariance's extension
     from mace.calculators import MACECalculator  # noqa: F401  (import time kept out of cases)
@@ -1007,6 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": gpu_info(),
         "packages": package_versions(),
         "git_commit": git_commit(),
+        "cueq_kernel_choice": os.environ.get(environment.CUEQ_KERNEL_CHOICE),
         "fastmace_backends": fastmace_backends(args.device),
         "oeq_extension": oeq_record(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),

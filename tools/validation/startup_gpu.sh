@@ -49,7 +49,24 @@ case "${1:-1}" in
     --out "$OUT/startup-1728-compile" --extra --compile > "$OUT/startup-1728-compile.log" 2>&1
   echo "compile start-up 1728: exit $?"
   ;;
+4)
+  # The retry of stage 2 that fits one call: the quiet-run tests verbosely, the load profile,
+  # D3's cost at 1,728 atoms and the largest cell.
+  timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_quiet_run.py" \
+    > "$OUT/gpu_tests_4.txt" 2>&1
+  echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_4.txt"))"
+  timeout 100 python3 benchmarks/startup_time.py --atoms 216 --steps 40 --timeout-s 90 --profile \
+    --out "$OUT/startup-216-profile" > "$OUT/startup-216-profile.log" 2>&1
+  echo "start-up profile 216: exit $?"
+  timeout 270 python3 benchmarks/md_speed.py --out "$OUT/speed" --budget-s 240 \
+    --case-timeout-s 200 > "$OUT/speed.log" 2>&1 \
+    --only "mp0-medium/1728/fastmace-cueq,mp0-medium/1728/fastmace-cueq-d3,mp0-medium/157464/fastmace-cueq"
+  echo "speed: exit $?"
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
   -o -name "run.json" -o -name "thermo.csv" \) -delete
+# The device returns at most 8 files: everything travels in one archive.
+tar czf "/tmp/results-${1:-1}.tgz" -C "$OUT" . && find "$OUT" -mindepth 1 -delete \
+  && mv "/tmp/results-${1:-1}.tgz" "$OUT/"
