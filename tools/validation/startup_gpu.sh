@@ -63,6 +63,21 @@ case "${1:-1}" in
     --only "mp0-medium/1728/fastmace-cueq,mp0-medium/1728/fastmace-cueq-d3,mp0-medium/157464/fastmace-cueq"
   echo "speed: exit $?"
   ;;
+5)
+  # D3(BJ) under fastmace md, with a stack dump if it stalls: 216 and 1,728 atoms.
+  for atoms in 216 1728; do
+    python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from startup_time import nacl; \
+nacl($atoms).write('/tmp/nacl-$atoms.extxyz')"
+    limit=$(( atoms > 1000 ? 120 : 60 ))
+    timeout $((limit + 10)) python3 -c "import faulthandler, sys; \
+faulthandler.dump_traceback_later($limit, exit=True); from fastmace.cli.main import main; \
+sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-medium \
+      --dtype float32 --backend cueq --steps 200 --traj-every 0 --temperature 300 \
+      --dispersion d3bj --dispersion-functional pbe --output "$OUT/d3-$atoms" \
+      > "$OUT/d3-$atoms.log" 2>&1
+    echo "D3 $atoms: exit $?"
+  done
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
