@@ -72,7 +72,9 @@ def family(name: str) -> str:
     return "other"
 
 
-def simulation_for(model: str, atoms: int, backend: str, block: int) -> Simulation:
+def simulation_for(
+    model: str, atoms: int, backend: str, block: int, dispersion: bool = False
+) -> Simulation:
     loaded = load(
         f"template:{model}", head=HEADS.get(model), backend=backend,
         device="cuda", dtype="float32", seed=0,
@@ -84,6 +86,9 @@ def simulation_for(model: str, atoms: int, backend: str, block: int) -> Simulati
         seed=0,
         schedule=OutputSchedule(0, 0, 0),
         initial_temperature_K=300.0,
+        # D3(BJ) with PBE's parameters, the functional MP-0 was fitted to.
+        dispersion="d3bj" if dispersion else None,
+        dispersion_functional="pbe" if dispersion else None,
     )
     engine = EngineSettings(device="cuda", backend=backend, dtype="float32", block_steps=block)
     return Simulation(
@@ -166,6 +171,10 @@ def component_split(simulation: Simulation) -> dict[str, float]:
         "potential (model forward + forces)": lambda: potential(state, model_edges, stress),
         "one step (search, model edges, potential, integrator)": lambda: step(md, force_field),
     }
+    term = force_field.dispersion
+    if term is not None:  # D3(BJ) on its own list: its search and its evaluation alone
+        work["D3 list search (rebuild)"] = lambda: term.neighbours.rebuild(state, term.edges)
+        work["D3 energy and forces"] = lambda: term.d3(state, term.edges, stress)
     split = {}
     for name, function in work.items():
         try:
@@ -284,6 +293,7 @@ def main() -> None:
     parser.add_argument("--no-operators", action="store_true", help="skip the eager op table")
     parser.add_argument("--tf32", action="store_true", help="also time the potential in TF32")
     parser.add_argument("--compile-probe", action="store_true", help="try torch.compile")
+    parser.add_argument("--dispersion", action="store_true", help="add D3(BJ) (PBE)")
     parser.add_argument("--out", default="benchmarks/results/profile")
     args = parser.parse_args()
     out = Path(args.out)
@@ -291,10 +301,15 @@ def main() -> None:
     records: list[dict[str, Any]] = [{"torch": torch.__version__}]
     text = [f"# FastMACE step profile ({torch.cuda.get_device_name()}, torch {torch.__version__})"]
     for atoms in (int(a) for a in args.atoms.split(",")):
-        simulation = simulation_for(args.model, atoms, args.backend, args.block_steps)
+        simulation = simulation_for(
+            args.model, atoms, args.backend, args.block_steps, args.dispersion
+        )
         simulation.engine.run_block()  # eager warm-up
         simulation.engine.run_block()  # capture
-        record: dict[str, Any] = {"model": args.model, "atoms": atoms, "backend": args.backend}
+        record: dict[str, Any] = {
+            "model": args.model, "atoms": atoms, "backend": args.backend,
+            "dispersion": "d3bj" if args.dispersion else None,
+        }  # fmt: skip
         record["ms_per_step"] = replay_ms(simulation, args.timed_blocks)
         print(f"{atoms} atoms: {record['ms_per_step']:.3f} ms/step", flush=True)
         record["kernels"] = kernel_table(simulation, 2)
