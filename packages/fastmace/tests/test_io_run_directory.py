@@ -101,6 +101,9 @@ def test_create_accepts_an_empty_or_missing_directory(tmp_path):
     output = RunDirectory.create(tmp_path / "a" / "b", n_atoms=2, n_steps=100)
     settings = json.loads(output.directory.settings_path.read_text())
     assert settings["trajectory_format"] == "extxyz"
+    # While open, the directory is this process's (run.lock); closing gives it up.
+    assert sorted(p.name for p in output.directory.path.iterdir()) == ["run.json", "run.lock"]
+    output.close()
     assert sorted(p.name for p in output.directory.path.iterdir()) == ["run.json"]
 
 

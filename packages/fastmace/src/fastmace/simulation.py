@@ -122,51 +122,57 @@ class Simulation:
             restart = self.output.restart
         elif resume:
             raise ValueError("resume=True needs the output directory of the run to resume")
-        if restart is not None:
-            state = _state_from_restart(state, restart.payload)
-        self.potential = Potential.from_loaded(
-            model,
-            state.atomic_numbers,
-            compile=self.engine_settings.compile,
-            matmul_precision=self.engine_settings.matmul_precision,
-        )
-        neighbours, edges = self._neighbour_list(state, restart)
-        force_field = ForceField(
-            self.potential, neighbours, edges, stress=settings.ensemble.needs_stress,
-            dispersion=self._dispersion(state),
-        )  # fmt: skip
-        md = self._initial_md(state, force_field)
-        if restart is not None:
-            self._restore(md, restart.payload)
-            self.start_step = restart.step
-            self.start_time_fs = restart_time_fs(restart)
-            # The same search pattern as the interrupted run, so it continues bit for bit.
-            saved_every = restart.payload["neighbours"].get("search_every")
-            force_field.search_every = int(saved_every or force_field.search_every)
-        # The last restart on disk, with its step: where a failed run can be resumed from.
-        self.last_restart: int | None = None if restart is None else restart.step
-        guard, schedule = self.engine_settings.guard, settings.temperature_schedule
-        self.guard = (
-            Guard(
-                md, guard, skin_A=neighbours.skin,
-                references=restart.payload.get("guard") if restart is not None else None,
-                hottest_target_K=schedule.largest() if schedule is not None else 0.0,
+        try:
+            if restart is not None:
+                state = _state_from_restart(state, restart.payload)
+            self.potential = Potential.from_loaded(
+                model,
+                state.atomic_numbers,
+                compile=self.engine_settings.compile,
+                matmul_precision=self.engine_settings.matmul_precision,
             )
-            if guard.enabled
-            else None
-        )  # fmt: skip
-        self.engine = Engine(
-            md,
-            settings.ensemble.step,
-            force_field,
-            block_steps=self.block_steps,
-            capture=self.engine_settings.graphs,
-            guard=self.guard,
-        )
-        self.engine.steps_done = self.start_step
-        self.structures = list(structures)
-        self.timings = {**(phases or {}), "setup_s": time.perf_counter() - started}
-        self._write_metadata("running")
+            neighbours, edges = self._neighbour_list(state, restart)
+            force_field = ForceField(
+                self.potential, neighbours, edges, stress=settings.ensemble.needs_stress,
+                dispersion=self._dispersion(state),
+            )  # fmt: skip
+            md = self._initial_md(state, force_field)
+            if restart is not None:
+                self._restore(md, restart.payload)
+                self.start_step = restart.step
+                self.start_time_fs = restart_time_fs(restart)
+                # The same search pattern as the interrupted run, so it continues bit for bit.
+                saved_every = restart.payload["neighbours"].get("search_every")
+                force_field.search_every = int(saved_every or force_field.search_every)
+            # The last restart on disk, with its step: where a failed run can be resumed from.
+            self.last_restart: int | None = None if restart is None else restart.step
+            guard, schedule = self.engine_settings.guard, settings.temperature_schedule
+            self.guard = (
+                Guard(
+                    md, guard, skin_A=neighbours.skin,
+                    references=restart.payload.get("guard") if restart is not None else None,
+                    hottest_target_K=schedule.largest() if schedule is not None else 0.0,
+                )
+                if guard.enabled
+                else None
+            )  # fmt: skip
+            self.engine = Engine(
+                md,
+                settings.ensemble.step,
+                force_field,
+                block_steps=self.block_steps,
+                capture=self.engine_settings.graphs,
+                guard=self.guard,
+            )
+            self.engine.steps_done = self.start_step
+            self.structures = list(structures)
+            self.timings = {**(phases or {}), "setup_s": time.perf_counter() - started}
+            self._write_metadata("running")
+        except BaseException:
+            # Nothing ran: the directory is given up (its lock released), its files stay.
+            if self.output is not None:
+                self.output.close()
+            raise
 
     def _write_metadata(self, status: str, error: str | None = None) -> None:
         if self.output is not None:
@@ -342,6 +348,8 @@ class Simulation:
                 tick = time.perf_counter()
                 try:
                     self.engine.run_block(steps)  # the block's one host synchronisation
+                    if self.output is not None:
+                        self.output.keep_alive()  # run.lock's heartbeat (fastmace.io.run_lock)
                 except SimulationError as error:
                     error.args = (f"{error.args[0]}. {self._resumable(error)}",)
                     raise

@@ -11,6 +11,7 @@ from fastmace.io.run_directory import (
     OccupiedRunDirectoryError,
     RunDirectory,
     RunDirectoryError,
+    RunDirectoryInUseError,
     RunOutput,
 )
 from fastmace.io.schedule import OutputSchedule
@@ -26,6 +27,7 @@ __all__ = [
     "RestartFormatError",
     "RunDirectory",
     "RunDirectoryError",
+    "RunDirectoryInUseError",
     "RunOutput",
     "choose_format",
     "load_restart",

@@ -3,6 +3,7 @@
 Layout (see docs/output.md)::
 
     run.json            how this directory writes output (format, systems, schedule); ours
+    run.lock            while a process runs it: who (fastmace.io.run_lock); gone at the end
     trajectory.extxyz   or trajectory.h5md: frames every ``trajectory_every`` steps
     thermo.csv          one row per system per thermo step
     restart.npz         the latest restart, replaced atomically
@@ -11,7 +12,8 @@ Layout (see docs/output.md)::
     thermo.png          the plot of thermo.csv, at the end (by the caller; with matplotlib)
 
 A directory with anything in it is never written over: :meth:`RunDirectory.create` refuses it,
-and :meth:`RunDirectory.resume` continues it from its last restart.
+and :meth:`RunDirectory.resume` continues it from its last restart. One process at a time
+writes a run: both take ``run.lock``, and a live owner's lock is never taken over.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from fastmace.io.atomic import atomic_write_text, create_exclusive, remove_tempo
 from fastmace.io.frames import make_frame
 from fastmace.io.plot import PLOT_FILE, plot_thermo
 from fastmace.io.restart import Restart, load_restart, save_restart
+from fastmace.io.run_lock import LOCK_NAME, LockHeld, LockOwner, RunLock, held_by_live_process
 from fastmace.io.schedule import OutputSchedule
 from fastmace.io.thermo import ThermoLog, truncate_thermo
 
@@ -70,6 +73,20 @@ class OccupiedRunDirectoryError(RunDirectoryError):
     def advising(self, resume_how: str) -> OccupiedRunDirectoryError:
         """The same error, telling how to resume in the caller's words (``--resume``...)."""
         return OccupiedRunDirectoryError(self.path, self.entries, resume_how)
+
+
+class RunDirectoryInUseError(RunDirectoryError):
+    """Another live process runs this directory (its ``run.lock``)."""
+
+    def __init__(self, path: Path, owner: LockOwner | None) -> None:
+        self.path = path
+        self.owner = owner
+        who = owner.describe() if owner is not None else "another process"
+        super().__init__(
+            f"run directory {path} is in use by {who}: two processes must never write one run. "
+            "Wait for that run to end, or stop it; if that process no longer exists (it ran "
+            f"on another host that crashed), delete {path / LOCK_NAME} and try again"
+        )
 
 
 @dataclass(frozen=True)
@@ -138,6 +155,7 @@ class RunDirectory:
             chosen = "none"
         directory = cls(Path(path))
         directory._claim_empty()
+        lock = directory._lock()
         settings = {
             "format": RUN_FORMAT,
             "version": RUN_VERSION,
@@ -150,13 +168,15 @@ class RunDirectory:
         try:
             create_exclusive(directory.settings_path, document)
         except FileExistsError:
+            lock.release()
             raise directory._occupied_error(["run.json"]) from None
         except OSError as error:  # the file name would be our hidden temporary's: say where
+            lock.release()
             raise RunDirectoryError(
                 f"cannot write in run directory {directory.path}: {error.strerror or error}; "
                 "choose a directory you can write to, or change its permissions"
             ) from None
-        return RunOutput(directory, settings, restart=None)
+        return RunOutput(directory, settings, restart=None, lock=lock)
 
     @classmethod
     def resume(cls, path: str | Path) -> RunOutput:
@@ -166,12 +186,29 @@ class RunDirectory:
         """
         directory = cls(Path(path))
         settings = directory._read_settings()
-        remove_temporaries(directory.path)  # left by a process killed mid-write
-        if not directory.restart_path.is_file():
-            raise RunDirectoryError(f"cannot resume {directory.path}: {_UNSTARTED}")
-        restart = load_restart(directory.restart_path)
-        directory._truncate_after(settings["trajectory_format"], restart.step)
-        return RunOutput(directory, settings, restart=restart)
+        lock = directory._lock()  # before anything is cut back: a live run keeps its files
+        try:
+            remove_temporaries(directory.path)  # left by a process killed mid-write
+            if not directory.restart_path.is_file():
+                raise RunDirectoryError(f"cannot resume {directory.path}: {_UNSTARTED}")
+            restart = load_restart(directory.restart_path)
+            directory._truncate_after(settings["trajectory_format"], restart.step)
+        except BaseException:
+            lock.release()
+            raise
+        return RunOutput(directory, settings, restart=restart, lock=lock)
+
+    def _lock(self) -> RunLock:
+        """This process's hold on the directory (RunDirectoryInUseError if another has it)."""
+        try:
+            return RunLock.acquire(self.path)
+        except LockHeld as held:
+            raise RunDirectoryInUseError(self.path, held.owner) from None
+        except OSError as error:
+            raise RunDirectoryError(
+                f"cannot write in run directory {self.path}: {error.strerror or error}; "
+                "choose a directory you can write to, or change its permissions"
+            ) from None
 
     def _truncate_after(self, trajectory_format: str, step: int) -> None:
         """Drop output written after ``step``: the resumed run writes it again."""
@@ -218,6 +255,9 @@ class RunDirectory:
     def check_can_resume(self) -> None:
         """Raise what :meth:`resume` would about the directory before reading its restart."""
         self._read_settings()
+        owner = held_by_live_process(self.path)
+        if owner is not None:
+            raise RunDirectoryInUseError(self.path, owner)
         if not self.restart_path.is_file():
             raise RunDirectoryError(f"cannot resume {self.path}: {_UNSTARTED}")
 
@@ -278,9 +318,14 @@ class RunOutput:
     """
 
     def __init__(
-        self, directory: RunDirectory, settings: Mapping[str, Any], restart: Restart | None
+        self,
+        directory: RunDirectory,
+        settings: Mapping[str, Any],
+        restart: Restart | None,
+        lock: RunLock | None = None,
     ) -> None:
         self.directory = directory
+        self.lock = lock  # released by close()
         self.trajectory_format: str = settings["trajectory_format"]
         self.n_atoms: int = settings["n_atoms"]
         self.n_systems: int = settings["n_systems"]
@@ -341,6 +386,7 @@ class RunOutput:
         this restart finds everything up to its step.
         """
         self._check_open()
+        self.keep_alive()
         if self._trajectory is not None:
             self._trajectory.sync()
         if self._thermo is not None:
@@ -366,14 +412,24 @@ class RunOutput:
         self._check_open()
         return plot_thermo(self.directory.thermo_path, self.directory.plot_path)
 
+    def keep_alive(self) -> None:
+        """Tell other processes the run still goes on (the lock's heartbeat); once per block."""
+        if self.lock is not None and not self._closed:
+            self.lock.keep_alive()
+
     def close(self) -> None:
-        """Flush and close the files; later writes raise. Closing twice is harmless."""
+        """Flush and close the files and give the directory up; later writes raise. Closing
+        twice is harmless."""
         if self._closed:
             return
         self._closed = True
-        for writer in (self._trajectory, self._thermo):
-            if writer is not None:
-                writer.close()
+        try:
+            for writer in (self._trajectory, self._thermo):
+                if writer is not None:
+                    writer.close()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
     def __enter__(self) -> RunOutput:
         return self
