@@ -79,6 +79,9 @@ CLI_REFUSED = {
     "unknown backend": (["--backend", "foo"], "backend='foo') is not allowed: use one of e3nn"),
     "unknown guard bound": (["--guard", "max_force=3"], "unknown bound(s) max_force; the bounds"),
     "repeat 0": (["--repeat", "0"], "repeat must be three positive integers"),
+    "repeat 1000": (["--repeat", "1000"], "makes 32,000,000,000 atoms (1,000,000,000 copies); "
+                    "one run holds at most 10,000,000 (a GPU holds about 215,000 atoms of MP-0 "
+                    "medium): choose a smaller repeat (given as --repeat)"),
     "missing model file": (["--model", "{dir}/nope.model"], "model file {dir}/nope.model does"),
     "own model without trust": (["--model", "{dir}/own.model"], "pass sha256="),
     "resume of a missing directory": (["--resume"], "cannot resume {run}: it is not a directory"),
@@ -99,6 +102,7 @@ TOML_REFUSED = {
     "unknown format": ('trajectory_format = "xyz"', "trajectory_format='xyz' is not allowed"),
     "steps as text": ('steps = "many"', "steps='many' is not allowed"),
     "unknown guard bound": ("[guard]\nmax_force = 3", "unknown bound(s) max_force"),
+    "repeat too large": ("repeat = [400, 400, 400]", "one run holds at most 10,000,000"),
     "TOML syntax": ("steps = = 3", "is not valid TOML"),
     "missing structure file": ('structure = "absent.xyz"', "absent.xyz"),
     "1e160 Å/fs velocity in the file": ('structure = "fast.extxyz"', "kinetic temperature inf K"),
@@ -112,6 +116,7 @@ FM_MD_REFUSED = {
     "fractional restart interval": ("cu.extxyz", {"restart_every": 2.5}, "restart_every=2.5 is"),
     "infinite timestep": ("cu.extxyz", {"timestep_fs": float("inf")}, "timestep_fs=inf is not"),
     "missing model file": ("cu.extxyz", {"model": "{dir}/nope.model"}, "does not exist"),
+    "repeat too large": ("cu.extxyz", {"repeat": (100, 100, 100)}, "makes 32,000,000 atoms"),
 }  # fmt: skip
 
 

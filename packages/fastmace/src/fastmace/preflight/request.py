@@ -10,6 +10,7 @@ machine (the plan's backend and device) is checked after, still before the run d
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -140,6 +141,42 @@ def check_environment(extra: Mapping[str, str] | None = None) -> None:
     cache_root(merged)
 
 
+# More atoms than any one run can hold: a GPU holds about 215,000 atoms of MP-0 medium (0.65
+# MiB each, measured at 157,464 atoms on an H200, docs/validation/performance.md), so ten
+# million is far past every device, and a typing slip (--repeat 1000) is refused in a moment
+# instead of failing while hundreds of GiB of host memory are allocated.
+MAX_RUN_ATOMS = 10_000_000
+
+
+def check_repeat(units: list[ase.Atoms], repeat: Any) -> None:
+    """Refuse a ``repeat`` that is not three positive integers, or that makes more than
+    MAX_RUN_ATOMS atoms, before any supercell is built."""
+    if repeat is None:
+        return
+    counts = (repeat,) * 3 if _whole_number(repeat) else repeat
+    try:
+        counts = tuple(int(n) if _whole_number(n) else n for n in counts)
+        valid = len(counts) == 3 and all(_whole_number(n) and n >= 1 for n in counts)
+    except TypeError:
+        valid = False
+    if not valid:
+        raise RequestError(f"repeat must be three positive integers, got {repeat!r}", "repeat")
+    copies = counts[0] * counts[1] * counts[2]
+    atoms = sum(len(unit) for unit in units) * copies
+    if atoms > MAX_RUN_ATOMS:
+        shown = "x".join(str(n) for n in counts)
+        raise RequestError(
+            f"repeat {shown} makes {atoms:,} atoms ({copies:,} copies); one run holds at most "
+            f"{MAX_RUN_ATOMS:,} (a GPU holds about 215,000 atoms of MP-0 medium): choose a "
+            "smaller repeat",
+            "repeat",
+        )
+
+
+def _whole_number(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_request(
     structure: Structure,
     arguments: Mapping[str, Any],
@@ -150,6 +187,7 @@ def check_request(
     ensemble = check_arguments(arguments)
     check_environment(extra_environment)
     units = read_structures(structure)
+    check_repeat(units, arguments.get("repeat"))
     structures = read_structures(units, arguments.get("repeat"))
     try:
         check_structures(structures, model_species=None)
