@@ -99,6 +99,25 @@ def test_a_template_converted_to_cueq_on_the_cpu_prints_no_warnings(clean_env, t
     assert "cuEquivariance's PyTorch fallback (CPU)" in result.stdout + result.stderr
 
 
+def test_noise_stays_silent_when_a_library_resets_the_filters_inside():
+    """A library may set ``simplefilter("always")`` while it runs, ahead of FastMACE's filters
+    (on the GPU machine torch 2.11's deprecation then reached the user): the block's warnings
+    are recorded, and only those that are not noise are shown, once per place."""
+    deprecated = NOISE[1]
+    text = "`torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`."
+    assert deprecated.category is DeprecationWarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with library_noise_silenced():
+            warnings.simplefilter("always")
+            warnings.warn_explicit(text, DeprecationWarning, "/site/torch/jit/_script.py", 1488)
+            for _ in range(3):
+                warnings.warn_explicit("the user should see this", UserWarning, "users.py", 3)
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (UserWarning, "the user should see this")
+    ]
+
+
 def test_openequivariances_jit_fallback_notice_is_not_shown_whatever_its_reasons(clean_env):
     # On a GPU FastMACE sets OEQ_JIT_EXTENSION=1 for OEq's import, and OEq's notice then starts
     # with that reason: the same notice here, from a user's variable.

@@ -11,9 +11,11 @@ FastMACE imports it (:mod:`fastmace.oeq.host_extension`).
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 _JIT_DEPRECATED = r"`torch\.jit\.(script|load|save)` is deprecated"
 
@@ -78,11 +80,48 @@ NOISE: tuple[Noise, ...] = (
 
 @contextlib.contextmanager
 def library_noise_silenced() -> Iterator[None]:
-    """Within the block, the warnings of :data:`NOISE` are not shown; the filters are put back
-    as they were when it ends."""
-    with warnings.catch_warnings():
-        for noise in NOISE:
+    """Within the block, the warnings of :data:`NOISE` are not shown; every other warning is
+    shown when the block ends, and the filters are put back as they were."""
+    with warnings_silenced(NOISE):
+        yield
+
+
+@contextlib.contextmanager
+def warnings_silenced(noises: tuple[Noise, ...]) -> Iterator[None]:
+    """Within the block, warnings matching ``noises`` are not shown; every other warning is
+    shown (once per place) when the block ends, and the filters are put back as they were.
+
+    The block's warnings are recorded rather than only filtered: a library that sets its own
+    filters while it runs (``simplefilter("always")`` puts itself ahead of ours) would
+    otherwise print noise anyway, as happened on the GPU machine.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        for noise in noises:
             warnings.filterwarnings(
                 "ignore", message=noise.message, category=noise.category, module=noise.module
             )
         yield
+    shown = set()
+    for message in caught:
+        place = (message.category, str(message.message), message.filename, message.lineno)
+        if place in shown or is_noise(message, noises):
+            continue
+        shown.add(place)
+        warnings.warn_explicit(
+            message.message, message.category, message.filename, message.lineno,
+            source=message.source,
+        )  # fmt: skip
+
+
+def is_noise(message: warnings.WarningMessage, noises: tuple[Noise, ...] = NOISE) -> bool:
+    """Whether a recorded warning is one of ``noises``."""
+    text = str(message.message)
+    # The file's path as dots (".../site-packages/mace/modules/models.py" ->
+    # "...site-packages.mace.modules.models"): a noise's module must match a whole tail of it.
+    dotted = ".".join(Path(message.filename).with_suffix("").parts)
+    return any(
+        issubclass(message.category, noise.category)
+        and re.match(noise.message, text, re.IGNORECASE) is not None
+        and (not noise.module or re.search(rf"(?:^|\.){noise.module}", dotted) is not None)
+        for noise in noises
+    )

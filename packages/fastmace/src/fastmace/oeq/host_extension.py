@@ -27,7 +27,6 @@ import os
 import secrets
 import shutil
 import sys
-import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import util as importlib_util
@@ -35,6 +34,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from fastmace.models.quiet import Noise, warnings_silenced
 from fastmace.oeq import build_cache, choice, toolchain
 from fastmace.oeq.cuda_home import CudaHome, prepare_cuda_home
 from fastmace.oeq.extension_loader import (
@@ -51,6 +51,11 @@ PREBUILT, IN_PROCESS, UNAVAILABLE, FAILED = "prebuilt", "in-process", "unavailab
 # OEQ_JIT_EXTENSION=1 is set.", set by FastMACE on a GPU; "Precompiled extension shared object
 # not found.") and then says it falls back to a JIT build: matched wherever that sentence is.
 _OEQ_FALLBACK_NOTICE = r"(?s).*falling back to JIT compilation of OpenEquivariance extension"
+_OEQ_FALLBACK = Noise(
+    UserWarning,
+    _OEQ_FALLBACK_NOTICE,
+    "FastMACE answers OpenEquivariance's extension load itself: no JIT build, no lock wait.",
+)
 # What OpenEquivariance prints (not warns) at import when it has no package metadata (a source
 # tree on PYTHONPATH); metadata.json records the version as unknown instead (provenance.py).
 _OEQ_VERSION_NOTICE = "Warning: Could not determine oeq version"
@@ -234,7 +239,6 @@ def importing_openequivariance() -> Iterator[None]:
         _variables_set(prepared.variables),
         intercepting_extension_load(_provide),
         stderr_lines_dropped(_OEQ_VERSION_NOTICE),
-        warnings.catch_warnings(),
+        warnings_silenced((_OEQ_FALLBACK,)),
     ):
-        warnings.filterwarnings("ignore", message=_OEQ_FALLBACK_NOTICE, category=UserWarning)
         yield
