@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from fastmace.protocol import PressureSchedule, TemperatureSchedule
@@ -20,6 +21,9 @@ from fastmace.vocabulary import (
 )
 
 if TYPE_CHECKING:
+    import ase
+
+    from fastmace.models.load import LoadedModel
     from fastmace.planner import EngineConfig, GuardConfig, Plan
     from fastmace.relaxation import RelaxResult
     from fastmace.runner import RunnerConfig
@@ -76,6 +80,40 @@ def _say_if_cuda_started(plan: Plan) -> None:
         "runner=fm.RunnerConfig(subprocess=True) to give the run a fresh process",
         stacklevel=3,
     )
+
+
+def _plan(structures: list[ase.Atoms], config: EngineConfig, **workload: Any) -> Plan:
+    """How fm.md and fm.relax run ``structures`` here: ``workload`` are Workload's fields."""
+    from fastmace.machine import probe_availabilities
+    from fastmace.planner import Workload, make_plan
+
+    return make_plan(
+        Workload.from_structures(structures, **workload), config, probe_availabilities()
+    )
+
+
+@contextlib.contextmanager
+def _planned_environment(plan: Plan) -> Iterator[None]:
+    """The plan's variables for this call only: set before CUDA starts (allocator, emulation,
+    determinism, cuEquivariance's kernel choice), and the user's environment given back after."""
+    with environment.restored(plan.environment_values()):
+        plan.apply_environment()
+        _say_if_cuda_started(plan)
+        yield
+
+
+def _load_planned(
+    model: str | os.PathLike[str], plan: Plan, *, seed: int = 0, **trust: Any
+) -> LoadedModel:
+    """``model`` loaded as the plan says (backend, device, dtype); never downloads.
+    ``trust`` holds fm.load's head, checkpoint, sha256 and trusted."""
+    from fastmace.models.load import load
+
+    engine = plan.engine_settings()
+    return load(
+        model, download=False, backend=engine.backend, device=engine.device,
+        dtype=engine.dtype, seed=seed, **trust,
+    )  # fmt: skip
 
 
 def md(
@@ -212,7 +250,6 @@ def md(
         return run_in_subprocess(arguments, request.units, runner, progress)
     from fastmace.dynamics.ensembles import ensemble as make_ensemble
     from fastmace.io import OutputSchedule
-    from fastmace.models.load import load
     from fastmace.simulation import RunSettings, Simulation
 
     schedule = (
@@ -236,15 +273,12 @@ def md(
             initial_temperature_K = ensemble_settings.get("temperature_K")
     if trajectory_format == "none":
         trajectory_every = 0  # "none" writes no frames, whatever the interval says
-    from fastmace.machine import probe_availabilities
-    from fastmace.planner import Workload, make_plan
-
-    workload = Workload.from_structures(
-        structures, ensemble=chosen.name, temperature_K=chosen.settings.get("temperature_K"),
+    plan = _plan(
+        structures, config, ensemble=chosen.name,
+        temperature_K=chosen.settings.get("temperature_K"),
         pressure_GPa=_pressure_GPa(chosen.settings), steps=steps, timestep_fs=timestep_fs,
         reproducible=reproducible, device=device or "auto",
     )  # fmt: skip
-    plan = make_plan(workload, config, probe_availabilities())
     engine = plan.engine_settings()
     settings = RunSettings(
         ensemble=chosen,
@@ -259,15 +293,11 @@ def md(
         dispersion=dispersion,
         dispersion_functional=dispersion_functional,
     )
-    # The plan's variables hold for this run only: the user's environment is given back after.
-    with environment.restored(plan.environment_values()):
-        plan.apply_environment()  # before CUDA starts: allocator, emulation, determinism
-        _say_if_cuda_started(plan)
+    with _planned_environment(plan):
         tick = time.perf_counter()
-        loaded = load(
-            model, head=head, checkpoint=checkpoint, sha256=sha256, trusted=trusted,
-            download=False, backend=engine.backend,
-            device=engine.device, dtype=engine.dtype, seed=seed,
+        loaded = _load_planned(
+            model, plan, head=head, checkpoint=checkpoint, sha256=sha256, trusted=trusted,
+            seed=seed,
         )  # fmt: skip
         phases = {"load_s": time.perf_counter() - tick}  # with conversion and its checks
         gate, fallbacks = None, []
@@ -327,9 +357,6 @@ def relax(
     ``report.txt`` (docs/relax.md).
     """
     from fastmace.dynamics.relax import FireSettings
-    from fastmace.machine import probe_availabilities
-    from fastmace.models.load import load
-    from fastmace.planner import Workload, make_plan
     from fastmace.relaxation import Relaxation
     from fastmace.structures import read_structures
 
@@ -340,20 +367,13 @@ def relax(
     config = engine_config(config, backend=backend, dtype=dtype)
     # Planned as the NVE run of the same systems: device, backend, dtype, graphs, block length
     # and the neighbour list's settings do not depend on the integrator.
-    workload = Workload.from_structures(
-        structures, ensemble="nve", steps=max(steps, 1), device=device or "auto"
-    )
-    plan = make_plan(workload, config, probe_availabilities())
-    engine = plan.engine_settings()
-    with environment.restored(plan.environment_values()):
-        plan.apply_environment()
-        _say_if_cuda_started(plan)
-        loaded = load(
-            model, head=head, checkpoint=checkpoint, sha256=sha256, trusted=trusted,
-            download=False, backend=engine.backend, device=engine.device, dtype=engine.dtype,
-        )  # fmt: skip
+    plan = _plan(structures, config, ensemble="nve", steps=max(steps, 1), device=device or "auto")
+    with _planned_environment(plan):
+        loaded = _load_planned(
+            model, plan, head=head, checkpoint=checkpoint, sha256=sha256, trusted=trusted
+        )
         relaxation = Relaxation(
-            loaded, structures, settings, max_steps=steps, engine=engine, output=output,
-            progress=progress,
+            loaded, structures, settings, max_steps=steps, engine=plan.engine_settings(),
+            output=output, progress=progress,
         )  # fmt: skip
         return relaxation.run()
