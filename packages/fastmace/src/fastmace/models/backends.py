@@ -25,6 +25,7 @@ from fastmace.models.checkpoint import (
     model_device,
     model_dtype,
 )
+from fastmace.models.cueq_descriptors import descriptors_cached_on_disk
 from fastmace.models.quiet import library_noise_silenced
 from fastmace.models.reference import check_structure, evaluate
 from fastmace.vocabulary import BACKENDS
@@ -116,7 +117,8 @@ def convert(
     if backend == "e3nn":
         return source.eval()
     import_mace()
-    with contained():
+    # Descriptors from the cache root: seconds of set-up saved per process (cueq_descriptors).
+    with contained(), descriptors_cached_on_disk():
         if backend == "cueq":
             from mace.cli.convert_e3nn_cueq import run
         elif backend == "oeq":
