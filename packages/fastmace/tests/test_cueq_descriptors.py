@@ -4,6 +4,7 @@ same descriptor, and a damaged entry or an unchecked library version costs only 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import cuequivariance as cue
@@ -11,7 +12,16 @@ import pytest
 from conftest import run_python
 
 from fastmace.models import cueq_descriptors
+from fastmace.models.checkpoint import import_mace
 from fastmace.models.cueq_descriptors import descriptors_cached_on_disk
+
+
+@pytest.fixture(autouse=True)
+def _mace_imported_as_fastmace_does() -> None:
+    """mace-torch changes the process when imported (a variable, warning filters): import it
+    the contained way first, as fm.load does before any conversion."""
+    import_mace()
+
 
 # A small product block: builds in a fraction of a second.
 BUILD = """
@@ -49,31 +59,36 @@ def test_a_later_process_reads_the_descriptor_an_earlier_one_built(clean_env, tm
     assert first["values"] == second["values"]  # the same descriptor, read back
     assert first["projection"] == second["projection"]
     kept = list((tmp_path / "cache" / "compile" / "cueq").iterdir())
-    assert len(kept) == 1 and kept[0].name.startswith("symmetric-contraction-")
+    assert [entry.name.startswith("symmetric-contraction-cached-") for entry in kept] == [True]
 
 
 def test_a_damaged_entry_is_built_again_and_replaced(monkeypatch, tmp_path):
     monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
     irreps_in, irreps_out = cue.Irreps("O3", "2x0e+2x1o"), cue.Irreps("O3", "2x0e")
-    version = cueq_descriptors._cuequivariance_version()
-    path = cueq_descriptors.entry_path(version, irreps_in, irreps_out, (1, 2))
+    builder = cueq_descriptors.BUILDERS[0]
+    version = cueq_descriptors._version(builder.package)
+    path = cueq_descriptors.entry_path(builder, version, irreps_in, irreps_out, (1, 2))
     path.write_bytes(b"not a pickle")
-    module = cueq_descriptors._library_module()
+    module = cueq_descriptors._module(builder.module)
     with descriptors_cached_on_disk():
         built = module._symmetric_contraction_cached(irreps_in, irreps_out, (1, 2))
     assert cueq_descriptors._read(path) is not None
     assert len(built) == 2
 
 
-def test_the_library_is_given_back_and_unchecked_versions_are_left_alone(monkeypatch):
-    module = cueq_descriptors._library_module()
-    original = module._symmetric_contraction_cached
-    with descriptors_cached_on_disk():
-        assert module._symmetric_contraction_cached is not original
-    assert module._symmetric_contraction_cached is original
-    monkeypatch.setattr(cueq_descriptors, "CHECKED_VERSIONS", ("99.",))
-    with descriptors_cached_on_disk():
-        assert module._symmetric_contraction_cached is original
+def test_the_libraries_are_given_back_and_unchecked_versions_are_left_alone(monkeypatch):
+    for index, builder in enumerate(cueq_descriptors.BUILDERS):
+        module = cueq_descriptors._module(builder.module)
+        original = getattr(module, builder.function)
+        with descriptors_cached_on_disk():
+            assert getattr(module, builder.function) is not original
+        assert getattr(module, builder.function) is original
+        unchecked = dataclasses.replace(builder, checked_versions=("99.",))
+        others = [b for i, b in enumerate(cueq_descriptors.BUILDERS) if i != index]
+        monkeypatch.setattr(cueq_descriptors, "BUILDERS", (unchecked, *others))
+        with descriptors_cached_on_disk():
+            assert getattr(module, builder.function) is original
+        monkeypatch.undo()
 
 
 @pytest.mark.parametrize("backend", ["cueq"])

@@ -2,16 +2,18 @@
 
 Converting a model to cuEquivariance builds, for each product block, the descriptor of its
 symmetric contraction (cuEquivariance's ``_symmetric_contraction_cached``: Wigner 3nj symbols,
-rational rounding, operand symmetrisation). That is pure Python and takes seconds in every new
-process: 14 s for MP-0 medium's first block on the 2-core development machine, the largest
-share of the model load on the H200 machine (docs/validation/performance.md). The result
-depends only on the irreps, the degrees and cuEquivariance's version; it pickles to about
-30 kB and unpickles in a millisecond.
+rational rounding, operand symmetrisation) and mace-torch's projection onto it
+(``symmetric_contraction_cached`` of ``mace.tools.cg_cueq_tools``, which despite its name
+caches nothing). That is pure Python and takes seconds in every new process: 11.6 s for MP-0
+medium's two descriptors on the 2-core development machine, the largest share of the model
+load on the H200 machine (docs/validation/performance.md). Each result depends only on the
+irreps, the degrees and the library's version; it pickles to tens of kB and unpickles in a
+millisecond.
 
-Within :func:`descriptors_cached_on_disk` that function answers from
-``<cache>/compile/cueq/``, and fills it on a miss. The patch is on the library's module for the
-block only, and only for cuEquivariance versions it was checked with; anything unexpected (no
-such function, an unreadable or damaged entry) falls back to the library's own computation.
+Within :func:`descriptors_cached_on_disk` these functions answer from
+``<cache>/compile/cueq/``, and fill it on a miss. The patch is on the library's module for the
+block only, and only for library versions it was checked with; anything unexpected (no such
+function, an unreadable or damaged entry) falls back to the library's own computation.
 The entries hold the library's own objects, so they are read with pickle: like Inductor's
 and Triton's caches, the cache directory is trusted as the user's own.
 """
@@ -23,6 +25,7 @@ import hashlib
 import importlib
 import pickle
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,38 +33,71 @@ from typing import Any
 from fastmace.io.atomic import atomic_write
 from fastmace.runtime.cache import cache_dir
 
-MODULE = "cuequivariance.group_theory.experimental.mace.symmetric_contractions"
-FUNCTION = "_symmetric_contraction_cached"
-CHECKED_VERSIONS = ("0.13.",)  # cuEquivariance versions whose function this replaces
+
+@dataclass(frozen=True)
+class Builder:
+    """A library function ``(irreps_in, irreps_out, degrees) -> (descriptor, projection)``."""
+
+    module: str
+    function: str
+    package: str  # whose version keys the entries and is checked
+    checked_versions: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.function.strip("_").replace("_", "-")
+
+
+BUILDERS = (
+    Builder(
+        "cuequivariance.group_theory.experimental.mace.symmetric_contractions",
+        "_symmetric_contraction_cached",
+        "cuequivariance",
+        ("0.13.",),
+    ),
+    Builder("mace.tools.cg_cueq_tools", "symmetric_contraction_cached", "mace-torch", ("0.3.",)),
+)
 
 
 @contextlib.contextmanager
 def descriptors_cached_on_disk() -> Iterator[None]:
-    """Within the block, cuEquivariance's symmetric-contraction descriptors come from the
-    cache root when they were built before (by any process), and are kept there when not."""
-    version = _cuequivariance_version()
-    module = _library_module() if version and version.startswith(CHECKED_VERSIONS) else None
-    original = getattr(module, FUNCTION, None)
+    """Within the block, the symmetric-contraction descriptors come from the cache root when
+    they were built before (by any process), and are kept there when not."""
+    with contextlib.ExitStack() as stack:
+        for builder in BUILDERS:
+            stack.enter_context(_kept_on_disk(builder))
+        yield
+
+
+@contextlib.contextmanager
+def _kept_on_disk(builder: Builder) -> Iterator[None]:
+    version = _version(builder.package)
+    module = _module(builder.module) if version.startswith(builder.checked_versions) else None
+    original = getattr(module, builder.function, None)
     if module is None or original is None:
         yield
         return
-    setattr(module, FUNCTION, _kept_on_disk(original, version))
+    setattr(module, builder.function, _answered_from_disk(builder, original, version))
     try:
         yield
     finally:
-        setattr(module, FUNCTION, original)
+        setattr(module, builder.function, original)
 
 
-def entry_path(version: str, irreps_in: Any, irreps_out: Any, degrees: tuple[int, ...]) -> Path:
-    """Where the descriptor of these arguments is kept (the key covers all of them)."""
-    key = repr((version, repr(irreps_in), repr(irreps_out), tuple(degrees)))
+def entry_path(
+    builder: Builder, version: str, irreps_in: Any, irreps_out: Any, degrees: tuple[int, ...]
+) -> Path:
+    """Where the result of these arguments is kept (the key covers all of them)."""
+    key = repr((builder.module, version, repr(irreps_in), repr(irreps_out), tuple(degrees)))
     name = hashlib.sha256(key.encode()).hexdigest()[:32]
-    return cache_dir("compile", "cueq") / f"symmetric-contraction-{name}.pickle"
+    return cache_dir("compile", "cueq") / f"{builder.name}-{name}.pickle"
 
 
-def _kept_on_disk(original: Callable[..., Any], version: str) -> Callable[..., Any]:
+def _answered_from_disk(
+    builder: Builder, original: Callable[..., Any], version: str
+) -> Callable[..., Any]:
     def descriptor(irreps_in: Any, irreps_out: Any, degrees: tuple[int, ...]) -> Any:
-        path = entry_path(version, irreps_in, irreps_out, degrees)
+        path = entry_path(builder, version, irreps_in, irreps_out, degrees)
         kept = _read(path)
         if kept is not None:
             return kept
@@ -82,15 +118,15 @@ def _read(path: Path) -> Any | None:
     return kept if isinstance(kept, tuple) and len(kept) == 2 else None
 
 
-def _library_module() -> Any | None:
+def _module(name: str) -> Any | None:
     try:
-        return importlib.import_module(MODULE)
+        return importlib.import_module(name)
     except ImportError:
         return None
 
 
-def _cuequivariance_version() -> str | None:
+def _version(package: str) -> str:
     try:
-        return metadata.version("cuequivariance")
+        return metadata.version(package)
     except metadata.PackageNotFoundError:
-        return None
+        return ""
