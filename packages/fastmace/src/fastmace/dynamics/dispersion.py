@@ -251,8 +251,12 @@ class D3BJ(torch.nn.Module):
         damped = p.s6 / (distance6 + radius**6) + p.s8 * ratio / (distance6 * distance2 + radius**8)
         # Each pair is in the list twice (both directions): half of it per edge.
         per_edge = torch.where(pair, -0.5 * HARTREE_EV * c6 * damped, torch.zeros_like(c6))
+        # Summed per atom, then per system: millions of atomic adds onto one address (a
+        # system's energy) would queue behind each other on a GPU.
+        per_atom = torch.zeros(state.n_atoms, dtype=per_edge.dtype, device=per_edge.device)
+        per_atom = per_atom.index_add(0, sender, per_edge)
         energy = torch.zeros(state.n_systems, dtype=per_edge.dtype, device=per_edge.device)
-        return energy.index_add(0, state.system.index_select(0, sender), per_edge)
+        return energy.index_add(0, state.system, per_atom)
 
     def _c6(
         self, numbers: torch.Tensor, cn: torch.Tensor, sender: torch.Tensor, receiver: torch.Tensor
@@ -269,7 +273,10 @@ class D3BJ(torch.nn.Module):
         # (N, k, 5): sum over the atom's references a of w[a] C6ref[Z, species, a, b].
         towards = torch.einsum("na,nkab->nkb", weights, self.c6_towards[numbers])
         partner = self.slot[numbers.index_select(0, receiver)]
-        row = towards[sender, partner]  # (E, 5)
+        # One flat gather: index_select's backward is an atomic index_add, where advanced
+        # indexing (towards[sender, partner]) is differentiated by a sort over all E edges.
+        species = towards.shape[1]
+        row = towards.reshape(-1, towards.shape[2]).index_select(0, sender * species + partner)
         return (row * weights.index_select(0, receiver)).sum(dim=-1)
 
 
