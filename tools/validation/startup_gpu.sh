@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Start-up, compile, D3 cost and the largest cell on the GPU machine, in three commands that each
-# fit the device's 10-minute limit (every child has its own timeout):
+# Start-up, compile, D3 cost and the largest cell on the GPU machine, in commands that each fit
+# the device's 10-minute limit (every child has its own timeout):
 #
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 1   # gpu tests, start-up, D3 cost
-#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 2   # D3 cost, load profile, 157,464 atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 3   # torch.compile's start-up, cold and warm
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 4   # quiet run, load profile, 157,464 atoms
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 5   # fastmace md with D3, 216 and 1,728 atoms
 #
-# Writes under $OUT: gpu_tests.txt, startup-13824/, speed-d3/ (stage 1); startup-1728-compile/,
-# speed-largest/, startup-216-profile/ (stage 2); startup-1728-compile/ (stage 3).
+# Everything a stage writes under $OUT ends in one archive, $OUT/results-STAGE.tgz: the device
+# returns at most eight files.
 set -u
 OUT=${OUT:-/tmp/startup-gpu}
 mkdir -p "$OUT"
@@ -28,21 +29,6 @@ case "${1:-1}" in
     --case-timeout-s 100 --only "mp0-medium/13824/fastmace-cueq,mp0-medium/13824/fastmace-cueq-d3" \
     > "$OUT/speed-d3.log" 2>&1
   echo "D3 cost: exit $?"
-  ;;
-2)
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_quiet_run.py" \
-    "$tests/test_engine_gpu.py" "$tests/test_md_environment.py" > "$OUT/gpu_tests_2.txt" 2>&1
-  echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_2.txt"))"
-  timeout 130 python3 benchmarks/md_speed.py --out "$OUT/speed-d3" --budget-s 110 \
-    --case-timeout-s 100 --only "mp0-medium/13824/fastmace-cueq-d3,mp0-medium/13824/fastmace-cueq" \
-    > "$OUT/speed-d3.log" 2>&1
-  echo "D3 cost: exit $?"
-  timeout 100 python3 benchmarks/startup_time.py --atoms 216 --steps 40 --timeout-s 90 --profile \
-    --out "$OUT/startup-216-profile" > "$OUT/startup-216-profile.log" 2>&1
-  echo "start-up profile 216: exit $?"
-  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/speed-largest" --budget-s 170 \
-    --case-timeout-s 170 --only "mp0-medium/157464/fastmace-cueq" > "$OUT/speed-largest.log" 2>&1
-  echo "largest cell: exit $?"
   ;;
 3)
   timeout 380 python3 benchmarks/startup_time.py --atoms 1728 --steps 3000 --timeout-s 185 \
