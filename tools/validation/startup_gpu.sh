@@ -6,6 +6,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 3   # torch.compile's start-up, cold and warm
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 4   # quiet run, load profile, 157,464 atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 5   # fastmace md with D3, 216 and 1,728 atoms
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 6   # D3's profile and cost; quiet run
 #
 # Everything a stage writes under $OUT ends in one archive, $OUT/results-STAGE.tgz: the device
 # returns at most eight files.
@@ -63,6 +64,20 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
       > "$OUT/d3-$atoms.log" 2>&1
     echo "D3 $atoms: exit $?"
   done
+  ;;
+6)
+  # D3's profile (its search and evaluation captured alone, the kernel table), then its cost
+  # beside the plain step at 1,728 and 13,824 atoms, then the quiet-run tests.
+  timeout 200 python3 benchmarks/profile_step.py --dispersion --atoms 1728 --no-operators \
+    --timed-blocks 2 --out "$OUT/profile-d3" > "$OUT/profile-d3.log" 2>&1
+  echo "D3 profile: exit $?"
+  timeout 250 python3 benchmarks/md_speed.py --out "$OUT/speed-d3" --budget-s 230 \
+    --case-timeout-s 120 > "$OUT/speed-d3.log" 2>&1 --only \
+    "mp0-medium/1728/fastmace-cueq,mp0-medium/1728/fastmace-cueq-d3,mp0-medium/13824/fastmace-cueq,mp0-medium/13824/fastmace-cueq-d3"
+  echo "D3 cost: exit $?"
+  timeout 120 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_quiet_run.py" \
+    > "$OUT/gpu_tests_6.txt" 2>&1
+  echo "quiet-run tests: exit $? ($(tail -1 "$OUT/gpu_tests_6.txt"))"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
