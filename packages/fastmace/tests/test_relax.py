@@ -95,6 +95,33 @@ def test_a_batch_relaxes_each_system_as_ase_fire_does_alone(demo):
     assert result.iterations[0] != result.iterations[1]  # each stopped on its own
 
 
+def test_a_relaxation_with_d3_follows_ase_fire_on_the_model_plus_torch_dftd(tmp_path):
+    """With dispersion="d3bj" the structure relaxes on the model plus D3(BJ): ASE's FIRE on
+    the demo model summed with torch-dftd's D3 (mace-torch's settings) takes the same path."""
+    torch_dftd = pytest.importorskip("torch_dftd.torch_dftd3_calculator")
+    from ase.calculators.mixing import SumCalculator
+
+    atoms = copper(5, repeat=(1, 1, 1))
+    result = fm.relax(
+        atoms, fmax=0.05, steps=300, dispersion="d3bj", dispersion_functional="pbe",
+        output=tmp_path / "relaxed", config=fm.EngineConfig(block_steps=10),
+    )  # fmt: skip
+    reference = atoms.copy()
+    dispersion = torch_dftd.TorchDFTD3Calculator(
+        damping="bj", xc="pbe", cutoff=40.0 * ase.units.Bohr, dtype=torch.float64
+    )
+    reference.calc = SumCalculator([fm.calculator("demo-emt-cu"), dispersion])
+    optimizer = FIRE(reference, logfile=None)
+    optimizer.run(fmax=0.05, steps=300)
+    assert result.converged == [True]
+    assert result.iterations[0] == optimizer.nsteps
+    np.testing.assert_allclose(result.structures[0].positions, reference.positions, atol=1e-7)
+    assert result.energies_eV[0] == pytest.approx(reference.get_potential_energy(), abs=1e-7)
+    record = json.loads((tmp_path / "relaxed" / "metadata.json").read_text())["dispersion"]
+    assert record["method"] == "d3bj" and record["functional"] == "pbe"
+    assert "dispersion: D3(BJ), pbe parameters" in result.report
+
+
 def test_cell_relaxation_under_pressure_follows_ase_frechet_cell_filter(demo):
     strained = copper(3, a=3.70, repeat=(1, 1, 1))
     strained.set_cell(strained.cell[:] @ np.array([[1.0, 0.03, 0], [0, 0.98, 0], [0, 0, 1.02]]),

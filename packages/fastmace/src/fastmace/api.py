@@ -339,6 +339,8 @@ def relax(
     checkpoint: str | os.PathLike[str] | None = None,
     sha256: str | None = None,
     trusted: bool = False,
+    dispersion: str | None = None,
+    dispersion_functional: str | None = None,
     config: EngineConfig | None = None,
     progress: TextIO | None = None,
 ) -> RelaxResult:
@@ -351,10 +353,12 @@ def relax(
     parameters are ASE's defaults, ``max_step_A`` its largest move per iteration.
 
     ``model``, ``head``, ``checkpoint``, ``sha256``, ``trusted``, ``device``, ``dtype``,
-    ``backend`` and ``config`` are as for :func:`fm.md <fastmace.api.md>`, and the run is planned
-    the same way. With ``output`` a new directory receives ``relaxed.extxyz``, ``relax.csv``
-    (per block and system: energy, enthalpy, largest force, volume), ``metadata.json`` and
-    ``report.txt`` (docs/relax.md).
+    ``backend``, ``dispersion``, ``dispersion_functional`` and ``config`` are as for
+    :func:`fm.md <fastmace.api.md>`, and the run is planned the same way: with
+    ``dispersion="d3bj"`` the structure relaxes on the model plus D3(BJ), the force field an MD
+    run with the same settings uses. With ``output`` a new directory receives
+    ``relaxed.extxyz``, ``relax.csv`` (per block and system: energy, enthalpy, largest force,
+    volume), ``metadata.json`` and ``report.txt`` (docs/relax.md).
     """
     from fastmace.dynamics.relax import FireSettings
     from fastmace.relaxation import Relaxation
@@ -374,6 +378,7 @@ def relax(
         )
         relaxation = Relaxation(
             loaded, structures, settings, max_steps=steps, engine=plan.engine_settings(),
-            output=output, progress=progress,
+            output=output, progress=progress, dispersion=dispersion,
+            dispersion_functional=dispersion_functional,
         )  # fmt: skip
         return relaxation.run()

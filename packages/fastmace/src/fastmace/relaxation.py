@@ -23,6 +23,7 @@ import numpy as np
 from ase.calculators.singlepoint import SinglePointCalculator
 
 from fastmace.dynamics.checks import check_structures
+from fastmace.dynamics.dispersion import DispersionTerm, model_dispersion_functional
 from fastmace.dynamics.engine import Engine, ForceField
 from fastmace.dynamics.integrators.common import cell_volume
 from fastmace.dynamics.neighbours import NeighbourList
@@ -87,6 +88,8 @@ class Relaxation:
         engine: EngineSettings | None = None,
         output: str | Path | None = None,
         progress: TextIO | None = None,
+        dispersion: str | None = None,
+        dispersion_functional: str | None = None,
     ) -> None:
         started = time.perf_counter()
         if isinstance(max_steps, bool) or not (isinstance(max_steps, int) and max_steps >= 0):
@@ -97,6 +100,10 @@ class Relaxation:
                 "cell=True relaxes the cell, which needs every structure periodic in x, y and "
                 "z; relax the positions alone (cell=False) for molecules and slabs"
             )
+        # Before anything is created: a dispersion the model or structures cannot take.
+        self.dispersion_functional = model_dispersion_functional(
+            dispersion, dispersion_functional, model, structures
+        )
         self.model, self.settings, self.max_steps = model, settings, max_steps
         self.engine_settings = engine or EngineSettings(device=model.device, backend=model.backend)
         self.structures = [atoms.copy() for atoms in structures]
@@ -111,9 +118,17 @@ class Relaxation:
             state, self.potential.r_max, engine.skin_A, engine.edge_capacity,
             headroom=engine.headroom,
         )  # fmt: skip
-        force_field = ForceField(
-            self.potential, neighbours, neighbours.build(state), stress=settings.cell
+        # D3(BJ) on a list of its own, as in MD: the relaxed structure is the minimum of the
+        # same force field the MD run that follows will use.
+        self.dispersion = (
+            DispersionTerm.for_state(state, self.dispersion_functional, engine.skin_A)
+            if self.dispersion_functional is not None
+            else None
         )
+        force_field = ForceField(
+            self.potential, neighbours, neighbours.build(state), stress=settings.cell,
+            dispersion=self.dispersion,
+        )  # fmt: skip
         while True:  # the first forces, recomputed until the list fits (as for MD)
             md = fire_init(state, force_field, settings)
             if not overflowed(force_field.edges):
@@ -231,6 +246,7 @@ class Relaxation:
             f"backend:   {self.model.backend}: {self.model.backend_reason}",
             f"relax:     FIRE on the {target}, fmax {settings.fmax:g} eV/Å, at most "
             f"{self.max_steps} iterations, largest step {settings.max_step_A:g} Å",
+            f"dispersion: {self._dispersion_summary()}",
             f"engine:    {self.engine.block_steps} iterations per launch, "
             f"{'CUDA graphs' if self.engine.capture else 'no CUDA graphs'}, list regrown "
             f"{self.engine.regrowths}x",
@@ -241,6 +257,14 @@ class Relaxation:
             f"licence:   the weights are under {self.model.licence}",
         ]
         return "\n".join(lines) + "\n"
+
+    def _dispersion_summary(self) -> str:
+        if self.dispersion is None:
+            return "none"
+        return (
+            f"D3(BJ), {self.dispersion_functional} parameters, cutoff "
+            f"{self.dispersion.d3.cutoff:.2f} Å, two-body"
+        )
 
     def _write(self, result: RelaxResult) -> None:
         assert self.output is not None
@@ -276,6 +300,7 @@ class Relaxation:
             "model": model_record(self.model, self.model.backend_reason),
             "structures": structures_record(self.structures),
             "settings": {"fire": vars(self.settings), "max_steps": self.max_steps},
+            "dispersion": self.dispersion.record() if self.dispersion is not None else None,
             "engine": {
                 "block_steps": self.engine.block_steps,
                 "capture": self.engine.capture,

@@ -42,6 +42,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     relax.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     relax.add_argument("--dtype", help="float32 or float64 (default: the planner's)")
     relax.add_argument("--backend", default="auto", help="auto, e3nn, cueq, oeq, hybrid")
+    relax.add_argument(
+        "--dispersion", choices=("d3bj",),
+        help="add D3(BJ) dispersion with the model head's functional, as fastmace md does",
+    )  # fmt: skip
+    relax.add_argument(
+        "--dispersion-functional", dest="dispersion_functional",
+        help="D3(BJ) parameters of this functional (pbe, r2scan, ...) instead of the model's",
+    )  # fmt: skip
     relax.set_defaults(handler=_relax)
 
 
@@ -54,6 +62,7 @@ def _relax(args: argparse.Namespace) -> int:
         trusted=args.trusted, fmax=args.fmax, steps=args.steps, cell=args.cell,
         pressure_GPa=args.pressure_GPa, max_step_A=args.max_step_A, repeat=args.repeat,
         output=output, device=args.device, dtype=args.dtype, backend=args.backend,
+        dispersion=args.dispersion, dispersion_functional=args.dispersion_functional,
         progress=sys.stderr,
     )  # fmt: skip
     print(result.report, end="")

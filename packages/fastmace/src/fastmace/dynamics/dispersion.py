@@ -349,12 +349,22 @@ def run_dispersion_functional(
 ) -> str | None:
     """The functional of a run's dispersion (None: no dispersion), checked against the model
     and the structures' elements; host-side, before anything is created."""
+    return model_dispersion_functional(
+        settings.dispersion, settings.dispersion_functional, model, structures
+    )
+
+
+def model_dispersion_functional(
+    dispersion: str | None,
+    explicit: str | None,
+    model: LoadedModel,
+    structures: Sequence[ase.Atoms],
+) -> str | None:
+    """:func:`dispersion_functional` for ``model``'s head, with the structures' elements
+    checked against D3's tables: what MD and relaxation both ask before they build anything."""
     head = model.checkpoint.head(model.head) if model.checkpoint is not None else None
     functional = dispersion_functional(
-        settings.dispersion,
-        settings.dispersion_functional,
-        head.d3_functional if head is not None else None,
-        model.name,
+        dispersion, explicit, head.d3_functional if head is not None else None, model.name
     )
     if functional is not None:
         check_species(int(z) for atoms in structures for z in atoms.numbers)
