@@ -46,6 +46,11 @@ CHANGES = [
     ({"seed": 8}, "seed: saved 7, requested 8"),
     ({"dtype": "float32"}, "dtype: saved float64, requested float32"),
     ({"model": "template:mp0-small"}, "model: saved demo-emt-cu"),
+    # D3 added to a run without it (the force field would change mid-run).
+    (
+        {"dispersion": "d3bj", "dispersion_functional": "pbe"},
+        "dispersion: saved None, requested d3bj (pbe)",
+    ),
 ]
 
 

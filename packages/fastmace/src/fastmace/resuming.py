@@ -35,8 +35,14 @@ class ResumeError(ValueError):
     setting that differs, with the saved and the requested value."""
 
 
-def physics_record(settings: RunSettings, model: LoadedModel, n_systems: int) -> dict[str, Any]:
-    """What a restart keeps of the run's physics, for :func:`check_resume`."""
+def physics_record(
+    settings: RunSettings,
+    model: LoadedModel,
+    n_systems: int,
+    dispersion_functional: str | None = None,
+) -> dict[str, Any]:
+    """What a restart keeps of the run's physics, for :func:`check_resume`;
+    ``dispersion_functional`` is the D3(BJ) parameter set the run resolved (None: no D3)."""
     return {
         "ensemble": settings.ensemble.name,
         "ensemble_settings": canonical_settings(settings.ensemble, n_systems),
@@ -47,6 +53,7 @@ def physics_record(settings: RunSettings, model: LoadedModel, n_systems: int) ->
         "seed": settings.seed,
         "temperature_schedule": _schedule(settings.temperature_schedule),
         "pressure_schedule": _schedule(settings.pressure_schedule),
+        "dispersion": None if dispersion_functional is None else f"d3bj ({dispersion_functional})",
     }
 
 
@@ -154,8 +161,9 @@ def _differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:
             f"model: saved {saved.get('model')} ({str(saved.get('model_content_hash'))[:12]}), "
             f"requested {requested['model']} ({requested['model_content_hash'][:12]})"
         )
-    for name in ("head", "dtype", "seed", "temperature_schedule", "pressure_schedule"):
-        if saved.get(name) != requested.get(name):  # restarts from before schedules: None
+    names = ("head", "dtype", "seed", "temperature_schedule", "pressure_schedule", "dispersion")
+    for name in names:
+        if saved.get(name) != requested.get(name):  # older restarts lack the newer: None
             found.append(f"{name}: saved {saved.get(name)}, requested {requested.get(name)}")
     return found
 

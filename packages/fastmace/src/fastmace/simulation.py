@@ -94,7 +94,7 @@ class Simulation:
         self.start_step = 0
         self.start_time_fs = 0.0
         state = State.from_atoms(list(structures), device=model.device)
-        self.physics = physics_record(settings, model, state.n_systems)
+        self.physics = physics_record(settings, model, state.n_systems, self.dispersion_functional)
         if resume:  # before the run directory is cut back to its restart: a refusal changes nothing
             self._check_resume(output, state)
         # One stream from the seed, for the velocities and then the integrator's noise: two
