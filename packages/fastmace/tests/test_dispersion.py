@@ -219,3 +219,44 @@ def test_md_refuses_dispersion_without_a_known_functional(tmp_path) -> None:
     assert not output.exists()
     with pytest.raises(DispersionError, match="unknown dispersion"):
         fm.md(copper(), ensemble="nve", steps=0, dispersion="d4", dispersion_functional="pbe")
+
+
+@pytest.mark.parametrize("kind", ["bulk", "slab", "cluster"])
+def test_the_calculator_with_d3_is_the_model_plus_torch_dftd(kind):
+    """fm.calculator(dispersion="d3bj") gives the demo model's energy, forces and stress plus
+    torch-dftd's D3(BJ) (mace-torch's settings), for a cell, a slab and a cluster; a second
+    call on moved atoms reuses both kept lists."""
+    import fastmace as fm
+
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
+    if kind == "slab":
+        atoms.pbc = [True, True, False]
+        atoms.center(vacuum=6.0, axis=2)
+    elif kind == "cluster":
+        atoms = atoms[:13]
+        atoms.pbc = False
+        atoms.set_cell(np.zeros((3, 3)))
+    atoms.rattle(0.05, seed=4)
+    ours_calc = fm.calculator("demo-emt-cu", dispersion="d3bj", dispersion_functional="pbe")
+    plain = fm.calculator("demo-emt-cu")
+    kept = []
+    for move in (0.0, 0.02):
+        atoms.positions[0] += move
+        with_d3 = atoms.copy()
+        with_d3.calc = ours_calc
+        model_only = atoms.copy()
+        model_only.calc = plain
+        d3_energy, d3_forces, d3_stress = reference(atoms)
+        energy = model_only.get_potential_energy() + d3_energy
+        assert with_d3.get_potential_energy() == pytest.approx(energy, rel=1e-12, abs=1e-10)
+        np.testing.assert_allclose(
+            with_d3.get_forces(), model_only.get_forces() + d3_forces, rtol=0, atol=1e-10
+        )
+        kept.append(ours_calc._lists["d3"].neighbours)
+        if kind == "bulk":
+            np.testing.assert_allclose(
+                with_d3.get_stress(voigt=False),
+                model_only.get_stress(voigt=False) + d3_stress,
+                rtol=0, atol=1e-10,
+            )  # fmt: skip
+    assert kept[0] is kept[1]  # the D3 list was planned once

@@ -14,6 +14,9 @@ and with a skin none at all while no atom has moved more than half the skin. If 
 overflows (more edges, a fuller bin or a smaller cell than it was planned for) a larger one is
 planned and built. Everything is read back to the host after each call, as ASE needs.
 
+With ``dispersion="d3bj"`` the calculator adds D3(BJ) as the MD engine does (its own, longer
+neighbour list, kept the same way): the force field of ``fm.md(dispersion="d3bj")``.
+
 Import note: this module is ``fastmace.ase``, and ``import ase`` in it (absolute, as all
 imports are in Python 3) is the ASE package, not this module.
 """
@@ -31,6 +34,7 @@ from ase.calculators.calculator import Calculator, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
 from fastmace.dynamics.checks import check_structures
+from fastmace.dynamics.dispersion import D3BJ, D3BJParameters, model_dispersion_functional
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
@@ -63,6 +67,9 @@ class FastMACECalculator(Calculator):
         backend: ``"auto"``, ``"e3nn"``, ``"cueq"``, ``"oeq"`` or ``"hybrid"`` (loading only).
         skin_A: Verlet skin of the neighbour list in Å (default none:
             ``fastmace.vocabulary.CALCULATOR_SKIN_A`` says why).
+        dispersion: ``"d3bj"`` adds D3(BJ) dispersion, with the parameters of the functional
+            the model's head was trained on, or of ``dispersion_functional``, as ``fm.md``
+            does (docs/md.md).
         **load_options: further arguments of ``fm.load`` (``checkpoint``, ``download``,
             ``sha256``, ``trusted``, ``seed``, ``progress``).
 
@@ -82,6 +89,8 @@ class FastMACECalculator(Calculator):
         dtype: str | torch.dtype | None = None,
         backend: str = "auto",
         skin_A: float = CALCULATOR_SKIN_A,
+        dispersion: str | None = None,
+        dispersion_functional: str | None = None,
         **load_options: Any,
     ) -> None:
         super().__init__()
@@ -90,13 +99,18 @@ class FastMACECalculator(Calculator):
         self.loaded = _loaded_model(model, head, device, dtype, backend, load_options)
         self.skin_A = float(skin_A)
         self.model_species = tuple(int(z) for z in self.loaded.module.atomic_numbers)
+        self.dispersion_functional = model_dispersion_functional(
+            dispersion, dispersion_functional, self.loaded, []
+        )
         self._potential: Potential | None = None
-        self._neighbours: _Neighbours | None = None
+        self._d3: D3BJ | None = None
+        self._lists: dict[str, _Neighbours] = {}  # "model", and "d3" with dispersion
 
     @property
     def neighbour_list(self) -> NeighbourList | None:
         """The neighbour list kept from the last call (None before the first), for inspection."""
-        return None if self._neighbours is None else self._neighbours.neighbours
+        kept = self._lists.get("model")
+        return None if kept is None else kept.neighbours
 
     def calculate(
         self,
@@ -112,20 +126,26 @@ class FastMACECalculator(Calculator):
         check_structures([atoms], self.model_species)
         state = State.from_atoms(atoms, device=self.loaded.device)
         potential = self._potential_for(atoms)
-        edges = self._edges_for(atoms, state, potential.r_max)
+        edges = self._edges_for("model", atoms, state, potential.r_max)
         periodic = bool(np.all(atoms.pbc))
         output = potential(state, edges, compute_stress=periodic)
-        energy = float(output.energy[0])
+        energy, forces, stress = output.energy, output.forces, output.stress
+        if self.dispersion_functional is not None:  # D3(BJ) on its own list, as in MD
+            d3 = self._d3_for(atoms)
+            extra = d3(state, self._edges_for("d3", atoms, state, d3.cutoff), periodic)
+            energy, forces = energy + extra.energy, forces + extra.forces
+            stress = None if stress is None else stress + extra.stress
         self.results = {
-            "energy": energy,
-            "free_energy": energy,
-            "forces": output.forces.detach().to("cpu").numpy().copy(),
+            "energy": float(energy[0]),
+            "free_energy": float(energy[0]),
+            "forces": forces.detach().to("cpu").numpy().copy(),
         }
         # Stress is defined for a fully periodic cell only; elsewhere ASE's get_stress raises
         # PropertyNotImplementedError, as for other molecular calculators.
-        if periodic and output.stress is not None:
-            stress = output.stress[0].detach().to("cpu").numpy()
-            self.results["stress"] = full_3x3_to_voigt_6_stress(stress)
+        if periodic and stress is not None:
+            self.results["stress"] = full_3x3_to_voigt_6_stress(
+                stress[0].detach().to("cpu").numpy()
+            )
 
     def _potential_for(self, atoms: ase.Atoms) -> Potential:
         """The potential for these elements; made again only when the elements change."""
@@ -134,10 +154,19 @@ class FastMACECalculator(Calculator):
             self._potential = Potential.from_loaded(self.loaded, sorted(species))
         return self._potential
 
-    def _edges_for(self, atoms: ase.Atoms, state: State, cutoff: float) -> Edges:
-        """Edges for ``state``, from the kept neighbour list where it still fits the atoms."""
+    def _d3_for(self, atoms: ase.Atoms) -> D3BJ:
+        """D3(BJ) for these elements; made again only when the elements change."""
+        species = set(atoms.get_atomic_numbers().tolist())
+        if self._d3 is None or not species <= set(self._d3.species):
+            assert self.dispersion_functional is not None
+            parameters = D3BJParameters.for_functional(self.dispersion_functional)
+            self._d3 = D3BJ(parameters, sorted(species), device=self.loaded.device)
+        return self._d3
+
+    def _edges_for(self, name: str, atoms: ase.Atoms, state: State, cutoff: float) -> Edges:
+        """Edges for ``state`` from list ``name``, kept while it still fits the atoms."""
         key = (tuple(atoms.get_atomic_numbers().tolist()), tuple(bool(p) for p in atoms.pbc))
-        kept = self._neighbours
+        kept = self._lists.get(name)
         if kept is None or kept.key != key:
             # Other atoms or periodicity: plan a list for this structure.
             neighbours = NeighbourList(state, cutoff, self.skin_A)
@@ -149,7 +178,7 @@ class FastMACECalculator(Calculator):
         if overflowed(kept.edges):
             # The atoms or the cell outgrew the plan: plan again with larger capacities.
             kept = _Neighbours(key, *regrow(kept.neighbours, state))
-        self._neighbours = kept
+        self._lists[name] = kept
         return kept.edges
 
 
@@ -157,7 +186,7 @@ def calculator(model: LoadedModel | str | os.PathLike[str], **options: Any) -> F
     """An ASE calculator for ``model``: ``atoms.calc = fm.calculator("demo-emt-cu")``.
 
     ``options`` are those of :class:`FastMACECalculator` (``head``, ``device``, ``dtype``,
-    ``backend``, ``skin_A`` and ``fm.load``'s own).
+    ``backend``, ``skin_A``, ``dispersion``, ``dispersion_functional`` and ``fm.load``'s own).
     """
     return FastMACECalculator(model, **options)
 
