@@ -260,3 +260,26 @@ def test_the_calculator_with_d3_is_the_model_plus_torch_dftd(kind):
                 rtol=0, atol=1e-10,
             )  # fmt: skip
     assert kept[0] is kept[1]  # the D3 list was planned once
+
+
+def test_a_run_with_d3_resumes_bit_for_bit_and_refuses_a_changed_term(tmp_path):
+    from conftest import EXAMPLE
+
+    import fastmace as fm
+    from fastmace.io import load_restart
+    from fastmace.resuming import ResumeError
+
+    common = dict(
+        temperature_K=300.0, dispersion="d3bj", dispersion_functional="pbe", seed=3,
+        restart_every=10, thermo_every=5, trajectory_every=0,
+    )  # fmt: skip
+    fm.md(EXAMPLE, steps=20, output=tmp_path / "straight", **common)
+    fm.md(EXAMPLE, steps=10, output=tmp_path / "resumed", **common)
+    with pytest.raises(ResumeError, match=r"dispersion: saved d3bj \(pbe\), requested None"):
+        fm.md(EXAMPLE, steps=20, output=tmp_path / "resumed", resume=True,
+              **{**common, "dispersion": None, "dispersion_functional": None})  # fmt: skip
+    fm.md(EXAMPLE, steps=20, output=tmp_path / "resumed", resume=True, **common)
+    ends = [load_restart(tmp_path / name / "restart.npz").payload["tensors"]
+            for name in ("straight", "resumed")]  # fmt: skip
+    for name in ("state.positions", "state.velocities"):
+        assert np.array_equal(ends[0][name], ends[1][name])
