@@ -17,7 +17,7 @@ CORE = ROOT / "packages" / "fastmace"
 TORCH = "torch==2.14.1"
 OEQ = "openequivariance==0.7.0"
 
-nox.options.sessions = ["lint", "tests", "native_wheel"]
+nox.options.sessions = ["lint", "tests", "native_wheel", "docs"]
 nox.options.default_venv_backend = "venv"
 
 
@@ -61,6 +61,17 @@ def tests(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
     # pytest exits 5 when it collects nothing; nox treats that as a failure, as it should.
     session.run("pytest", "-m", "not gpu", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml, API reference from the docstrings), built with
+    warnings as errors into a scratch directory; `mkdocs serve` shows it while writing."""
+    session.install(
+        "mkdocs==1.6.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11", "griffelib==2.4.1"
+    )
+    site = Path(session.create_tmp()) / "site"
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(site))
 
 
 @nox.session
