@@ -74,6 +74,14 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", "--site-dir", str(site))
 
 
+@nox.session(venv_backend="none")
+def wheelhouse(session: nox.Session) -> None:
+    """Every wheel an offline `pip install --no-index --find-links DIR "fastmace[oeq]"` needs,
+    into dist/wheelhouse (or the directory given after --), proven by that install."""
+    out = session.posargs[0] if session.posargs else str(ROOT / "dist" / "wheelhouse")
+    session.run("bash", str(ROOT / "tools/release/wheelhouse.sh"), out)
+
+
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job: MD of fcc copper with the shipped demo model (on the CPU without a GPU).
