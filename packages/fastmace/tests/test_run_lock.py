@@ -18,6 +18,7 @@ from conftest import EXAMPLE, run_fastmace
 import fastmace as fm
 from fastmace.io import RunDirectory, RunDirectoryInUseError, load_restart, run_lock
 from fastmace.io.run_lock import LOCK_NAME, LockHeld, LockOwner, RunLock
+from fastmace.runtime.process_clock import process_state
 
 
 def _write_owner(directory: Path, owner: LockOwner) -> Path:
@@ -58,7 +59,7 @@ def test_a_lock_whose_process_is_gone_is_taken_over(tmp_path):
 def test_a_zombie_holds_no_lock(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 30
-    while run_lock._process_state(child.pid) != "Z":  # exited, not yet reaped
+    while process_state(child.pid) != "Z":  # exited, not yet reaped
         assert time.monotonic() < deadline
         time.sleep(0.01)
     try:

@@ -202,14 +202,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         help="a bound of the physical guard, e.g. max_force_eV_per_A=200 (repeatable), or "
         "off (default: on, with the bounds of docs/md.md)",
     )  # fmt: skip
-    md.add_argument(
-        "--dispersion", choices=("d3bj",),
-        help="add D3(BJ) dispersion with the model head's functional (docs/md.md)",
-    )  # fmt: skip
-    md.add_argument(
-        "--dispersion-functional", dest="dispersion_functional",
-        help="D3(BJ) parameters of this functional (pbe, r2scan, ...) instead of the model's",
-    )  # fmt: skip
+    add_dispersion_options(md)
     md.add_argument(
         "--check", action="store_const", const="gate", dest="check",
         help="compare with mace-torch's float64 model on the structure before running",
@@ -229,6 +222,18 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser("run", help="run MD described by a TOML file (docs/md.md)")
     run.add_argument("config", help="TOML file with fm.md's settings and a structure path")
     run.set_defaults(handler=_run)
+
+
+def add_dispersion_options(parser: argparse.ArgumentParser) -> None:
+    """--dispersion and --dispersion-functional, the same for fastmace md and fastmace relax."""
+    parser.add_argument(
+        "--dispersion", choices=("d3bj",),
+        help="add D3(BJ) dispersion with the model head's functional (docs/md.md)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dispersion-functional", dest="dispersion_functional",
+        help="D3(BJ) parameters of this functional (pbe, r2scan, ...) instead of the model's",
+    )  # fmt: skip
 
 
 def _variable(text: str) -> tuple[str, str]:

@@ -7,7 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from fastmace.cli.md import _repeat as parse_repeat  # the same --repeat as fastmace md
+# The same --repeat and --dispersion options as fastmace md.
+from fastmace.cli.md import _repeat as parse_repeat
+from fastmace.cli.md import add_dispersion_options
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -42,14 +44,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     relax.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     relax.add_argument("--dtype", help="float32 or float64 (default: the planner's)")
     relax.add_argument("--backend", default="auto", help="auto, e3nn, cueq, oeq, hybrid")
-    relax.add_argument(
-        "--dispersion", choices=("d3bj",),
-        help="add D3(BJ) dispersion with the model head's functional, as fastmace md does",
-    )  # fmt: skip
-    relax.add_argument(
-        "--dispersion-functional", dest="dispersion_functional",
-        help="D3(BJ) parameters of this functional (pbe, r2scan, ...) instead of the model's",
-    )  # fmt: skip
+    add_dispersion_options(relax)
     relax.set_defaults(handler=_relax)
 
 

@@ -172,10 +172,7 @@ class RunDirectory:
             raise directory._occupied_error(["run.json"]) from None
         except OSError as error:  # the file name would be our hidden temporary's: say where
             lock.release()
-            raise RunDirectoryError(
-                f"cannot write in run directory {directory.path}: {error.strerror or error}; "
-                "choose a directory you can write to, or change its permissions"
-            ) from None
+            raise directory._unwritable(error) from None
         return RunOutput(directory, settings, restart=None, lock=lock)
 
     @classmethod
@@ -205,10 +202,13 @@ class RunDirectory:
         except LockHeld as held:
             raise RunDirectoryInUseError(self.path, held.owner) from None
         except OSError as error:
-            raise RunDirectoryError(
-                f"cannot write in run directory {self.path}: {error.strerror or error}; "
-                "choose a directory you can write to, or change its permissions"
-            ) from None
+            raise self._unwritable(error) from None
+
+    def _unwritable(self, error: OSError) -> RunDirectoryError:
+        return RunDirectoryError(
+            f"cannot write in run directory {self.path}: {error.strerror or error}; "
+            "choose a directory you can write to, or change its permissions"
+        )
 
     def _truncate_after(self, trajectory_format: str, step: int) -> None:
         """Drop output written after ``step``: the resumed run writes it again."""
@@ -386,7 +386,6 @@ class RunOutput:
         this restart finds everything up to its step.
         """
         self._check_open()
-        self.keep_alive()
         if self._trajectory is not None:
             self._trajectory.sync()
         if self._thermo is not None:

@@ -23,15 +23,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fastmace.io.atomic import create_exclusive
+from fastmace.runtime.process_clock import process_start_ticks, process_state
 
 LOCK_NAME = "run.lock"
 HEARTBEAT_EVERY_S = 30.0
 # Another host's lock untouched this long is stale: far above the heartbeat, so a run that is
 # busy for minutes between blocks (a compilation, a regrowth) keeps its directory.
 STALE_AFTER_S = 15 * 60.0
-# /proc/<pid>/stat after the command name (in parentheses): state is the 1st field, starttime
-# the 20th.
-_STATE_AFTER_NAME, _STARTTIME_AFTER_NAME = 0, 19
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class LockOwner:
     @classmethod
     def this_process(cls) -> LockOwner:
         pid = os.getpid()
-        return cls(socket.gethostname(), pid, _process_start(pid), time.time())
+        return cls(socket.gethostname(), pid, process_start_ticks(pid), time.time())
 
     def to_bytes(self) -> bytes:
         return (json.dumps(asdict(self)) + "\n").encode("utf-8")
@@ -130,10 +128,10 @@ def owner_alive(owner: LockOwner, path: Path) -> bool:
             return time.time() - Path(path).stat().st_mtime < STALE_AFTER_S
         except FileNotFoundError:
             return False
-    started = _process_start(owner.pid)
+    started = process_start_ticks(owner.pid)
     if started is None:  # no /proc entry: gone, or a system without /proc
         return _signal_reaches(owner.pid) and not Path("/proc").is_dir()
-    if _process_state(owner.pid) == "Z":  # exited, waiting for its parent to reap it
+    if process_state(owner.pid) == "Z":  # exited, waiting for its parent to reap it
         return False
     return owner.started is None or started == owner.started
 
@@ -152,27 +150,6 @@ def _remove_if_unchanged(path: Path, stale: LockOwner | None) -> None:
     if read_owner(path) == stale:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2 :].split()
-
-
-def _process_start(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    try:
-        return None if fields is None else int(fields[_STARTTIME_AFTER_NAME])
-    except (IndexError, ValueError):
-        return None
-
-
-def _process_state(pid: int) -> str | None:
-    fields = _stat_fields(pid)
-    return None if not fields else fields[_STATE_AFTER_NAME]
 
 
 def _signal_reaches(pid: int) -> bool:
