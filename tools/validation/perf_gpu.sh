@@ -23,6 +23,7 @@ here="$PWD/packages/fastmace/src"
 PYTHONPATH="$here:$site" timeout "${TEST_TIMEOUT_S:-150}" python3 -m pytest -q -m gpu \
   -p no:cacheprovider packages/fastmace/tests/test_engine_gpu.py \
   packages/fastmace/tests/test_neighbours.py packages/fastmace/tests/test_potential.py \
+  packages/fastmace/tests/test_pair_radials.py \
   > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests.txt"))"
 if [ -d "$baseline" ]; then

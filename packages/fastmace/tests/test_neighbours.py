@@ -446,7 +446,7 @@ def test_update_captures_in_a_cuda_graph(method: str) -> None:
         state.positions.copy_(torch.as_tensor(atoms.positions, device="cuda"))
         graph.replay()
         torch.cuda.synchronize()
-        host = Edges(*(getattr(edges, name).cpu() for name in Edges.__dataclass_fields__))
+        host = Edges(*(v.cpu() if torch.is_tensor(v) else v for v in vars(edges).values()))
         assert_complete(host, atoms, state.to("cpu"))
     assert not bool(edges.overflow)
 
@@ -482,9 +482,56 @@ def test_cutoff_edges_equal_ase_within_the_cutoff_after_moves() -> None:
     expected = ase_edges(atoms, CUTOFF)
     assert our_edges(model_edges) == expected
     assert int(model_edges.count) == len(expected)
-    check_padding(model_edges)
+    check_mirrored(model_edges)
     assert model_edges.capacity == nl.cutoff_capacity < edges.capacity
     assert not bool(edges.overflow)
+
+
+def check_mirrored(edges: Edges) -> None:
+    """Each half padded like a list of its own; the second half is the first reversed."""
+    assert edges.mirrored and edges.capacity % 2 == 0
+    half = edges.capacity // 2
+    pairs = int(edges.count) // 2
+    first, second = (
+        Edges(
+            edges.edge_index[:, part],
+            edges.unit_shifts[part],
+            edges.mask[part],
+            torch.tensor(pairs),
+            edges.overflow,
+        )
+        for part in (slice(0, half), slice(half, None))
+    )
+    check_padding(first)
+    check_padding(second)
+    assert torch.equal(second.edge_index, first.edge_index.flip(0))
+    assert torch.equal(second.unit_shifts, -first.unit_shifts)
+    assert torch.equal(second.mask, first.mask)
+
+
+@pytest.mark.parametrize("name", ["triclinic", "one_atom_small_cell", "two_atoms_skewed_cell",
+                                  "molecule_zero_cell", "slab", "wire"])  # fmt: skip
+def test_cutoff_edges_hold_each_pair_once_per_half(name: str) -> None:
+    # Small cells give an atom pairs with its own images: each must appear once per half.
+    atoms, cutoff = structures()[name]
+    state = State.from_atoms(atoms)
+    nl = NeighbourList(state, cutoff, SKIN)
+    model_edges = nl.cutoff_edges(state, nl.build(state))
+    check_mirrored(model_edges)
+    half = model_edges.capacity // 2
+    first = {
+        (s, r, *shift)
+        for (s, r), shift, real in zip(
+            model_edges.edge_index[:, :half].T.tolist(),
+            model_edges.unit_shifts[:half].long().tolist(),
+            model_edges.mask[:half].tolist(),
+            strict=True,
+        )
+        if real
+    }
+    reversed_first = {(r, s, *(-x for x in shift)) for s, r, *shift in first}
+    assert not first & reversed_first  # never both directions of a pair in one half
+    assert first | reversed_first == ase_edges(atoms, cutoff) == our_edges(model_edges)
 
 
 def test_cutoff_capacity_is_the_first_count_with_headroom() -> None:

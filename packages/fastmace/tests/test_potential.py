@@ -337,7 +337,7 @@ def test_conformance_check_catches_a_broken_potential(broken, message):
 
 
 def edges_on(edges: Edges, device: torch.device | str) -> Edges:
-    return Edges(*(getattr(edges, name).to(device) for name in vars(edges)))
+    return Edges(*(v.to(device) if torch.is_tensor(v) else v for v in vars(edges).values()))
 
 
 def on_cpu(output: PotentialOutput) -> PotentialOutput:

@@ -27,6 +27,10 @@ class Edges:
         count: () int64 device tensor, the number of real edges (may exceed E on overflow).
         overflow: () bool device tensor, set when edges or bins did not fit; never cleared
             silently: the engine reads it once per block and rebuilds with a larger capacity.
+        mirrored: the layout `NeighbourList.cutoff_edges` gives the model: E is even and slot
+            ``e + E/2`` holds slot ``e``'s pair the other way round (receiver and sender
+            swapped, shift negated, same mask), so per-pair quantities are computed once
+            (dynamics/pair_radials.py). A host-side flag, fixed for a buffer's lifetime.
     """
 
     edge_index: torch.Tensor
@@ -34,6 +38,7 @@ class Edges:
     mask: torch.Tensor
     count: torch.Tensor
     overflow: torch.Tensor
+    mirrored: bool = False
 
     @property
     def capacity(self) -> int:

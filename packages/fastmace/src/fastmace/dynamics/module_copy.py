@@ -1,4 +1,4 @@
-"""A copy of a module tree that shares the weights' storage but nothing else.
+"""Copies of module trees that share the weights: the whole tree, or one module object.
 
 ``torch.compile`` needs a model it may rewrite (mace-torch's ``simplify`` replaces blocks by
 traced graphs) whose parameters do not require gradients (else AOTAutograd's backward also
@@ -7,13 +7,24 @@ breaks converted models: cuEquivariance's naive modules keep a CPU constant thro
 OpenEquivariance's convolution loses its forward. :func:`weight_sharing_copy` copies only the
 module objects: new tables of submodules and parameters, parameters as new ``Parameter``
 objects over the same storage, buffers and every other attribute shared.
+:func:`shallow_copy` copies one module object, so that a submodule of the copy can be replaced
+without touching the original (FastMACE's specialised models are built from these).
 """
 
 from __future__ import annotations
 
+import copy
 import types
 
 import torch
+
+
+def shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A new module object with its own table of submodules; the submodules, parameters and
+    buffers themselves are shared with ``module``."""
+    twin = copy.copy(module)
+    twin._modules = type(module._modules)(module._modules)
+    return twin
 
 
 def weight_sharing_copy(module: torch.nn.Module, *, requires_grad: bool = False) -> torch.nn.Module:

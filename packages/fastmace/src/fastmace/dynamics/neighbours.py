@@ -116,9 +116,10 @@ class NeighbourList:
         self.capacity = int(capacity)
         if cutoff_capacity is None:
             cutoff_capacity = math.ceil(self.required_cutoff_capacity(state) * cutoff_headroom) + 8
-        self.cutoff_capacity = int(cutoff_capacity)
+        # Even: the model's edges come as pairs, one direction in each half (`cutoff_edges`).
+        self.cutoff_capacity = int(cutoff_capacity) + int(cutoff_capacity) % 2
         device = state.device
-        self._cutoff_slots = torch.arange(self.cutoff_capacity, device=device)
+        self._pair_slots = torch.arange(self.cutoff_capacity // 2, device=device)
         self._peak_cutoff_count = torch.zeros((), dtype=torch.int64, device=device)
         # What the skin test compares against (infinitely far until the first build, so an
         # update before any build rebuilds), and what `grown` reads after an overflow.
@@ -216,22 +217,29 @@ class NeighbourList:
         """The pairs of ``edges`` within the cutoff, compacted into `cutoff_capacity` slots.
 
         This is what the model is given: the skin's extra pairs and the list's headroom would
-        otherwise pass through every layer as padding. Device work only; when more pairs are
+        otherwise pass through every layer as padding. The result is *mirrored*
+        (`Edges.mirrored`): each pair once in the first half, in the direction
+        `_first_of_pair` names, and reversed at the same place in the second half, so the
+        potential can compute what a pair shares once. Device work only; when more pairs are
         within the cutoff than fit, ``edges.overflow`` is set (the block is redone with a
         larger list, as for any overflow). The result's ``overflow`` is that same tensor.
         """
         with torch.no_grad():
-            keep = _within_cutoff(state, edges, self.cutoff)
+            keep = _within_cutoff(state, edges, self.cutoff) & _first_of_pair(edges)
             none = torch.zeros((), dtype=torch.int64, device=state.device)
-            take, pick, found = _fill_slots(keep, self._cutoff_slots, none)
-            edges.overflow.copy_(edges.overflow | (found > self.cutoff_capacity))
+            take, pick, pairs = _fill_slots(keep, self._pair_slots, none)
+            edges.overflow.copy_(edges.overflow | (pairs > self._pair_slots.shape[0]))
+            found = 2 * pairs
             self._peak_cutoff_count.copy_(torch.maximum(self._peak_cutoff_count, found))
+            index = torch.where(take, edges.edge_index[:, pick], 0)
+            shifts = torch.where(take[:, None], edges.unit_shifts[pick], 0.0)
             return Edges(
-                edge_index=torch.where(take, edges.edge_index[:, pick], 0),
-                unit_shifts=torch.where(take[:, None], edges.unit_shifts[pick], 0.0),
-                mask=take,
+                edge_index=torch.cat([index, index.flip(0)], dim=1),
+                unit_shifts=torch.cat([shifts, -shifts]),
+                mask=torch.cat([take, take]),
                 count=found,
                 overflow=edges.overflow,
+                mirrored=True,
             )
 
     def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -386,6 +394,19 @@ def _fill_slots(
     take = (wanted >= 1) & (wanted <= rank[-1])
     pick = torch.searchsorted(rank, wanted.clamp(min=1)).clamp(max=rank.numel() - 1)
     return take, pick, rank[-1]
+
+
+def _first_of_pair(edges: Edges) -> torch.Tensor:
+    """(E,) bool: the direction of its pair that `cutoff_edges` keeps.
+
+    A full list holds every pair twice, (i, j, s) and (j, i, -s); this picks i < j, and for an
+    atom's own periodic image (i == i) the shift whose first non-zero component is positive.
+    Shifts are whole numbers, so the comparisons are exact.
+    """
+    sender, receiver = edges.edge_index[0], edges.edge_index[1]
+    x, y, z = edges.unit_shifts.unbind(dim=-1)
+    positive = (x > 0) | ((x == 0) & ((y > 0) | ((y == 0) & (z > 0))))
+    return (sender < receiver) | ((sender == receiver) & positive)
 
 
 def _within_cutoff(state: State, edges: Edges, cutoff: float) -> torch.Tensor:

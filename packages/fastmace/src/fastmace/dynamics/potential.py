@@ -44,6 +44,7 @@ from fastmace.dynamics.edges import (
     systems_of_atoms,
 )
 from fastmace.dynamics.module_copy import weight_sharing_copy
+from fastmace.dynamics.pair_radials import pair_shared_model
 from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
 from fastmace.dynamics.state import State
 from fastmace.models.backends import rounding_tolerances
@@ -137,9 +138,13 @@ class Potential(torch.nn.Module):
         self.head = _resolve_head(head, heads)
         # A copy for the run's elements and the padding node's (the model's first element).
         self.model = specialise_for_species(model, (*self.species, self.model_species[0]))
+        # The same weights with the radial MLPs run once per pair, for mirrored edges
+        # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
+        self.pair_model = pair_shared_model(self.model)
         self.compiled = bool(compile)
-        # A plain function, not a submodule: the model is registered once, as ``model``.
-        self._compiled_call = _compiled(self.model) if self.compiled else None
+        # Plain functions, not submodules, made at the first call of each kind (mirrored
+        # edges or not): the weights are registered once, under ``model``.
+        self._compiled_calls: dict[bool, Callable[..., dict[str, torch.Tensor]]] = {}
         self.r_max = float(model.r_max)
         dtype, device = model_dtype(model), model_device(model)
         self.register_buffer("head_index", torch.tensor(heads.index(self.head), device=device))
@@ -203,7 +208,7 @@ class Potential(torch.nn.Module):
                 default_dtype(self.node_attr_table.dtype),
                 _matmul_precision(self.matmul_precision),
             ):
-                call = self._compiled_call or self.model
+                call = self._model_call(edges.mirrored)
                 output = call(graph.data, training=False, compute_force=False)
             node_energy = output["node_energy"][: state.n_atoms].to(ENERGY_DTYPE)
             energy = torch.zeros(state.n_systems, dtype=ENERGY_DTYPE, device=state.device)
@@ -231,6 +236,16 @@ class Potential(torch.nn.Module):
         return PotentialOutput(
             energy=energy.detach(), forces=forces, virial=-energy_strain_derivative, stress=stress
         )
+
+    def _model_call(self, mirrored: bool) -> Callable[..., dict[str, torch.Tensor]]:
+        """The model for these edges: radial weights once per pair when they are mirrored
+        and the model allows it; through torch.compile when asked."""
+        shared = mirrored and self.pair_model is not None
+        if not self.compiled:
+            return self.pair_model if shared else self.model
+        if shared not in self._compiled_calls:
+            self._compiled_calls[shared] = _compiled(self.model, share_pair_radials=shared)
+        return self._compiled_calls[shared]
 
     def _graph(self, state: State, edges: Edges, compute_stress: bool) -> _Graph:
         """mace-torch's input dictionary for this batch, plus the leaves to differentiate."""
@@ -309,7 +324,9 @@ def _matmul_precision(precision: str) -> Iterator[None]:
             matmul.allow_tf32 = before
 
 
-def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
+def _compiled(
+    model: torch.nn.Module, *, share_pair_radials: bool = False
+) -> Callable[..., dict[str, torch.Tensor]]:
     """A copy of ``model`` made traceable, under torch.compile; the caller's model is untouched.
 
     As mace-torch's own compile mode does: e3nn's TorchScript code generation cannot be traced
@@ -317,9 +334,11 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
     and mace's registered blocks are simplified by ``torch.fx``. Models converted to
     cuEquivariance or OpenEquivariance keep their kernels (registered torch operators) and are
     only simplified, on a copy that shares their weights (no deep copy: see
-    dynamics/module_copy.py). Forces stay outside the compiled region (autograd over its output), so
-    Dynamo's autograd settings are left alone. Inductor's and Triton's caches go to the cache
-    root (docs/environment.md), set before the first compilation.
+    dynamics/module_copy.py). With ``share_pair_radials`` the copy computes radial weights once
+    per pair (`pair_shared_model`; only for mirrored edges). Forces stay outside the compiled
+    region (autograd over its output), so Dynamo's autograd settings are left alone.
+    Inductor's and Triton's caches go to the cache root (docs/environment.md), set before the
+    first compilation.
 
     Compilation happens at the first call (forward) and the first backward pass: both run
     inside :func:`_compile_settings`.
@@ -347,6 +366,8 @@ def _compiled(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
                     "rebuilding the model for torch.compile did not keep its weights (names "
                     f"that differ: {sorted(lost)}); run without EngineConfig(compile=True)"
                 )
+        if share_pair_radials:
+            traceable = pair_shared_model(traceable)
         traceable = simplify(traceable)
     # Weights are constants of the compiled graph: AOTAutograd's backward then computes only
     # the gradients the forces need.
@@ -552,7 +573,9 @@ def _check_structures(species: Sequence[int]) -> list[ase.Atoms]:
 def _check_unchanged(before: tuple[State, Edges], state: State, edges: Edges) -> None:
     for name, old, new in (("state", before[0], state), ("edges", before[1], edges)):
         for field, value in vars(old).items():
-            if not torch.equal(value, getattr(new, field)):
+            now = getattr(new, field)
+            same = torch.equal(value, now) if isinstance(value, torch.Tensor) else value == now
+            if not same:
                 raise PotentialCheckError(f"the potential changed its input {name}.{field}")
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from fastmace.dynamics.module_copy import shallow_copy
 from fastmace.models.checkpoint import import_mace
 
 # mace-torch 0.3.16's interaction blocks that call ``self.skip_tp(features, node_attrs)``; the
@@ -101,11 +102,11 @@ def specialise_for_species(model: torch.nn.Module, species: Iterable[int]) -> to
     # New containers along the path to each replaced module, every other module shared with
     # ``model``: no deep copy (cuEquivariance's naive modules and OpenEquivariance's
     # convolution do not survive one on CUDA) and no second copy of the weights.
-    specialised = _shallow_module_copy(model)
+    specialised = shallow_copy(model)
     interactions = getattr(model, "interactions", None)
     if interactions is None:
         return specialised
-    blocks = _shallow_module_copy(interactions)
+    blocks = shallow_copy(interactions)
     specialised.interactions = blocks
     for index, block in enumerate(interactions):
         if not _has_element_skip_tp(block):
@@ -115,18 +116,10 @@ def specialise_for_species(model: torch.nn.Module, species: Iterable[int]) -> to
         replacement = species_linear(original, columns, len(model_species), name)
         replacement.train(original.training)
         check_species_linear(original, replacement, name)
-        changed = _shallow_module_copy(block)
+        changed = shallow_copy(block)
         changed.skip_tp = replacement
         blocks[index] = changed
     return specialised
-
-
-def _shallow_module_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A new module object with its own table of submodules; the submodules, parameters and
-    buffers themselves are shared with ``module``."""
-    twin = copy.copy(module)
-    twin._modules = type(module._modules)(module._modules)
-    return twin
 
 
 def species_linear(

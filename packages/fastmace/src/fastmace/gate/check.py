@@ -109,7 +109,9 @@ def _plan_values(
         model, state.atomic_numbers, matmul_precision=matmul_precision
     )
     neighbours = NeighbourList(state, potential.r_max, 0.0)
-    edges = neighbours.build(state)
+    # The model's edges as the engine gives them (mirrored: radial weights once per pair),
+    # from a list planned for this structure, so they fit.
+    edges = neighbours.cutoff_edges(state, neighbours.build(state))
     periodic = bool(atoms.pbc.all())
     out = potential(state, edges, compute_stress=periodic)
     values = {
