@@ -1,7 +1,7 @@
 """The examples in the documentation stay true: every Python block is valid Python whose calls
 of ``fm.<name>(...)`` name public functions and arguments that exist, and every
 ``fastmace ...`` command line in a shell block is accepted by the command line's own parser.
-(They are checked, not run: most need a GPU, a model file or minutes.)"""
+test_docs_run.py then runs them all, with the demo model standing in for the models they name."""
 
 from __future__ import annotations
 
