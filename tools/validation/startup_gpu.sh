@@ -8,7 +8,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 5   # fastmace md with D3, 216 and 1,728 atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 6   # D3's profile and cost; quiet run
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 7   # gpu tests; before/after, .baseline
-#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 8   # step profile; start-up at 13,824
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 8   # pair tests, profile, start-up
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -91,10 +91,13 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     "mp0-medium/216/fastmace-cueq,mp0-medium/1728/fastmace-cueq,mp0-medium/13824/fastmace-cueq"
   ;;
 8)
-  timeout 200 python3 benchmarks/profile_step.py --atoms 216,13824 --no-operators \
+  timeout 110 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_pair_radials.py" \
+    > "$OUT/gpu_tests_8.txt" 2>&1
+  echo "pair-radial gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_8.txt"))"
+  timeout 170 python3 benchmarks/profile_step.py --atoms 216,13824 --no-operators \
     --out "$OUT/profile" > "$OUT/profile.log" 2>&1
   echo "profile: exit $?"
-  timeout 250 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 120 \
+  timeout 240 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 115 \
     --out "$OUT/startup-13824" > "$OUT/startup-13824.log" 2>&1
   echo "start-up 13824: exit $?"
   ;;
