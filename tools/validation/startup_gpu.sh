@@ -9,6 +9,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 6   # D3's profile and cost; quiet run
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 7   # gpu tests; before/after, .baseline
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 8   # pair tests, profile, start-up
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 9   # pair tests; before/after, .baseline
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -100,6 +101,16 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   timeout 240 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 115 \
     --out "$OUT/startup-13824" > "$OUT/startup-13824.log" 2>&1
   echo "start-up 13824: exit $?"
+  ;;
+9)
+  # The pair tests on every backend, then before (.baseline) and after at 1,728 and 13,824.
+  timeout 110 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_pair_radials.py" \
+    > "$OUT/gpu_tests_9.txt" 2>&1
+  echo "pair-radial gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_9.txt"))"
+  TEST_TIMEOUT_S=1 BEFORE_BUDGET_S=110 AFTER_BUDGET_S=140 OUT="$OUT" \
+    bash tools/validation/perf_gpu.sh .baseline \
+    "mp0-medium/13824/fastmace-cueq,mp0-medium/1728/fastmace-cueq" \
+    "mp0-medium/13824/fastmace-cueq,mp0-medium/1728/fastmace-cueq"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -22,7 +22,11 @@ from test_potential import (
 
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.neighbours import NeighbourList
-from fastmace.dynamics.pair_radials import PairSharedRadial, pair_shared_model
+from fastmace.dynamics.pair_radials import (
+    PairIndexedConvolution,
+    PairSharedRadial,
+    pair_shared_model,
+)
 from fastmace.dynamics.potential import Potential, check_potential
 from fastmace.dynamics.state import State
 from fastmace.models import backends
@@ -83,6 +87,36 @@ def test_a_symmetric_distance_transform_and_a_late_cutoff_share_too(monkeypatch)
     assert_matches_reference(model, structures, output, state)
 
 
+def test_the_indexed_convolution_equals_mace_fused_call_on_repeated_weights():
+    # mace fuses cuEquivariance's convolution only on CUDA (with its uniform_1d kernels); on
+    # the CPU the same segmented polynomial runs cuEquivariance's reference implementation,
+    # called here as mace's fused convolution calls it. The model-level check is the GPU test.
+    import cuequivariance as cue
+    import cuequivariance_torch as cuet
+
+    irreps = (cue.Irreps("O3", "4x0e+4x1o"), cue.Irreps("O3", "0e+1o+2e"))
+    descriptor = cue.descriptors.channelwise_tensor_product(*irreps, irreps[0])
+    polynomial = descriptor.flatten_coefficient_modes().squeeze_modes().polynomial
+    convolution = cuet.SegmentedPolynomial(polynomial, method="naive", math_dtype=torch.float64)
+    convolution.original_forward = convolution.forward
+    generator = torch.Generator().manual_seed(0)
+    nodes, pairs = 5, 7
+    sizes = [operand.size for operand in polynomial.inputs]
+    weights = torch.randn(pairs, sizes[0], generator=generator, dtype=torch.float64)
+    features = torch.randn(nodes, sizes[1], generator=generator, dtype=torch.float64)
+    attrs = torch.randn(2 * pairs, sizes[2], generator=generator, dtype=torch.float64)
+    first = torch.randint(0, nodes, (2, pairs), generator=generator)
+    edge_index = torch.cat([first, first.flip(0)], dim=1)  # mirrored
+    indexed = PairIndexedConvolution(convolution)(features, attrs, weights, edge_index)
+    repeated = convolution(
+        [torch.cat([weights, weights]), features, attrs],
+        {1: edge_index[0]},
+        {0: features},
+        {0: edge_index[1]},
+    )[0]
+    torch.testing.assert_close(indexed, repeated, rtol=0, atol=1e-12)
+
+
 def test_blocks_whose_radial_input_depends_on_the_direction_are_left_alone():
     # mh-1's non-linear blocks append the sender's and the receiver's element embeddings to the
     # radial features: i -> j and j -> i differ, so nothing may be shared.
@@ -124,6 +158,9 @@ def test_on_the_gpu_each_backend_shares_radial_weights_on_mirrored_edges(backend
     model = backends.convert(model_of("tiny", torch.float64), backend, "cuda", torch.float32)
     potential = Potential(model, [29, 8, 6, 1])
     assert potential.pair_model is not None
+    # mace fuses cuEquivariance's convolution on CUDA: then it reads each pair's row by index.
+    indexed = any(isinstance(m, PairIndexedConvolution) for m in potential.pair_model.modules())
+    assert indexed == (backend == "cueq")
     structures = [copper_supercell(), triclinic_mixed(), cluster()]
     state = State.from_atoms(structures, device="cuda")
     output = on_cpu(potential(state, model_edges(state, potential.r_max), compute_stress=True))

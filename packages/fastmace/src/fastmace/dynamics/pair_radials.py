@@ -11,6 +11,12 @@ slot ``e``'s pair the other way round, as `NeighbourList.cutoff_edges` lays them
 runs on the first half and its output serves both halves. Forces stay exact: a pair's two
 distances are the same function of the positions, so the gradient reaching the first half's
 distance is the one both edges would have sent.
+
+How the weights reach both halves: cuEquivariance's fused convolution (mace's cuEq backend on
+a GPU) takes an index for each operand, so it reads edge ``e``'s weights from row ``e mod E/2``
+of the half-size tensor (:class:`PairIndexedConvolution`); any other convolution gets the
+weights copied into both halves, which costs a copy forward and a sum backward (about 3 ms of
+the 29 ms step at 13,824 atoms on an H200, docs/validation/performance.md).
 """
 
 from __future__ import annotations
@@ -35,16 +41,49 @@ SYMMETRIC_TRANSFORMS = frozenset({"AgnesiTransform", "SoftTransform"})
 
 
 class PairSharedRadial(torch.nn.Module):
-    """A radial MLP evaluated on the first half of mirrored edges, its output used twice."""
+    """A radial MLP evaluated on the first half of mirrored edges.
 
-    def __init__(self, radial: torch.nn.Module) -> None:
+    With ``both_halves`` its output is repeated for the second half (E rows); without, it is
+    one row per pair (E/2 rows), for a convolution that reads a pair's row itself.
+    """
+
+    def __init__(self, radial: torch.nn.Module, both_halves: bool = True) -> None:
         super().__init__()
         self.radial = radial
+        self.both_halves = both_halves
 
     def forward(self, edge_feats: torch.Tensor) -> torch.Tensor:
         half = edge_feats.shape[0] // 2
         weights = self.radial(edge_feats[:half])
-        return torch.cat([weights, weights])
+        return torch.cat([weights, weights]) if self.both_halves else weights
+
+
+class PairIndexedConvolution(torch.nn.Module):
+    """mace's fused cuEquivariance convolution with one row of weights per pair.
+
+    The same call as mace-torch's ``with_cueq_conv_fusion`` (senders index the node features,
+    receivers the output), plus an index for the weights: edge ``e`` reads row ``e mod E/2``.
+    """
+
+    def __init__(self, convolution: torch.nn.Module) -> None:
+        super().__init__()
+        self.convolution = convolution
+
+    def forward(
+        self,
+        node_feats: torch.Tensor,
+        edge_attrs: torch.Tensor,
+        tp_weights: torch.Tensor,
+        edge_index: torch.Tensor,
+    ) -> torch.Tensor:
+        slots = torch.arange(edge_index.shape[1], device=edge_index.device)
+        pair = torch.remainder(slots, tp_weights.shape[0])
+        return self.convolution.original_forward(
+            [tp_weights, node_feats, edge_attrs],
+            {0: pair, 1: edge_index[0]},
+            {0: node_feats},
+            {0: edge_index[1]},
+        )[0]
 
 
 def pair_shared_model(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -69,11 +108,30 @@ def pair_shared_model(model: torch.nn.Module) -> torch.nn.Module | None:
     ]
     if not eligible:
         return None
+    # The cut-off multiplies the weights between the MLP and the convolution when the radial
+    # embedding leaves it out (apply_cutoff=False): per edge, so the weights need E rows.
+    cutoff_inside = getattr(embedding, "apply_cutoff", True)
     shared = shallow_copy(model)
     blocks = shallow_copy(interactions)
     shared.interactions = blocks
     for index in eligible:
-        block = shallow_copy(interactions[index])
-        block.conv_tp_weights = PairSharedRadial(interactions[index].conv_tp_weights)
+        original = interactions[index]
+        block = shallow_copy(original)
+        indexed = cutoff_inside and _is_fused_cueq_convolution(original)
+        block.conv_tp_weights = PairSharedRadial(original.conv_tp_weights, not indexed)
+        if indexed:
+            block.conv_tp = PairIndexedConvolution(original.conv_tp)
         blocks[index] = block
     return shared
+
+
+def _is_fused_cueq_convolution(block: torch.nn.Module) -> bool:
+    """Whether the block's convolution is mace's fused cuEquivariance one (indexable)."""
+    convolution = getattr(block, "conv_tp", None)
+    kind = type(convolution)
+    return (
+        hasattr(block, "conv_fusion")
+        and hasattr(convolution, "original_forward")
+        and kind.__name__ == "SegmentedPolynomial"
+        and kind.__module__.startswith("cuequivariance_torch")
+    )
