@@ -10,6 +10,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 7   # gpu tests; before/after, .baseline
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 8   # pair tests, profile, start-up
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 9   # pair tests; before/after, .baseline
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 10  # torch.compile, 13,824 and 216
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -111,6 +112,13 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     bash tools/validation/perf_gpu.sh .baseline \
     "mp0-medium/13824/fastmace-cueq,mp0-medium/1728/fastmace-cueq" \
     "mp0-medium/13824/fastmace-cueq,mp0-medium/1728/fastmace-cueq"
+  ;;
+10)
+  # torch.compile on the pair-shared model (cuEq's indexed convolution inside Dynamo).
+  timeout 470 python3 benchmarks/md_speed.py --out "$OUT/speed-compile" --force-errors \
+    --budget-s 450 --case-timeout-s 240 > "$OUT/speed-compile.log" 2>&1 --only \
+    "mp0-medium/13824/fastmace-cueq-compile,mp0-medium/216/fastmace-cueq-compile"
+  echo "compile: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
