@@ -25,6 +25,7 @@ from fastmace.dynamics.dispersion import (
     D3BJParameters,
     DispersionError,
 )
+from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import PotentialOutput, pad_edges
 from fastmace.dynamics.state import State
@@ -116,6 +117,32 @@ def test_padding_and_pairs_beyond_the_cutoff_contribute_nothing(cases) -> None:
     for name in ("energy", "forces", "stress"):
         torch.testing.assert_close(getattr(padded, name), getattr(plain, name), rtol=1e-12,
                                    atol=1e-16)  # fmt: skip
+
+
+def test_a_larger_cell_matches_torch_dftd() -> None:
+    # 64 atoms and about 10^5 pairs: the per-atom sums are differences of a running sum over
+    # the whole list, so their rounding grows with it; still far inside the bound.
+    atoms = bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat((2, 2, 2))
+    atoms.rattle(0.05, seed=7)
+    energy, forces, stress = reference(atoms)
+    out = ours([atoms])
+    assert relative_error(out.energy, np.array([energy])) < RELATIVE
+    assert relative_error(out.forces, forces) < RELATIVE
+    assert relative_error(out.stress[0], stress) < RELATIVE
+
+
+def test_edges_out_of_sender_order_give_nan_not_wrong_numbers(cases) -> None:
+    # The per-atom sums read each sender's edges as one run, as NeighbourList orders them.
+    state = State.from_atoms([cases["slab"][0]])
+    edges = NeighbourList(state, DEFAULT_CUTOFF_A, skin=0.0).build(state)
+    d3 = D3BJ(D3BJParameters.for_functional("pbe"), state.atomic_numbers.tolist())
+    assert torch.isfinite(d3(state, edges).energy).all()
+    order = torch.randperm(edges.capacity, generator=torch.Generator().manual_seed(0))
+    shuffled = Edges(edges.edge_index[:, order], edges.unit_shifts[order], edges.mask[order],
+                     edges.count, edges.overflow)  # fmt: skip
+    out = d3(state, shuffled, compute_stress=True)
+    for value in (out.energy, out.forces, out.stress):
+        assert torch.isnan(value).all()
 
 
 def test_matches_tad_dftd3_on_a_molecule(cases) -> None:
