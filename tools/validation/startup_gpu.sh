@@ -11,6 +11,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 8   # pair tests, profile, start-up
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 9   # pair tests; before/after, .baseline
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 10  # torch.compile, 13,824 and 216
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 11  # D3 at 1,728 atoms only
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -119,6 +120,12 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     --budget-s 450 --case-timeout-s 240 > "$OUT/speed-compile.log" 2>&1 --only \
     "mp0-medium/13824/fastmace-cueq-compile,mp0-medium/216/fastmace-cueq-compile"
   echo "compile: exit $?"
+  ;;
+11)
+  # D3's cost at 1,728 atoms alone, for a short call (the plain step is in stage 9).
+  timeout 170 python3 benchmarks/md_speed.py --out "$OUT/speed-d3" --budget-s 150 \
+    --case-timeout-s 140 --only "mp0-medium/1728/fastmace-cueq-d3" > "$OUT/speed-d3.log" 2>&1
+  echo "D3 1728: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
