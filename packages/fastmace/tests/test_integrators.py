@@ -19,6 +19,7 @@ from ase.build import bulk
 
 from fastmace.dynamics.integrators import (
     ForceResult,
+    RandomStreams,
     csvr_init,
     csvr_step,
     langevin_init,
@@ -296,9 +297,40 @@ def test_stochastic_runs_are_reproducible_and_leave_the_global_generator_alone()
         first, second = trajectory(init, step, 12), trajectory(init, step, 12)
         assert torch.equal(first, second)
         assert not torch.allclose(first, trajectory(init, step, 13), atol=1e-8)
-    by_generator = trajectory(langevin_init, langevin_step, torch.Generator().manual_seed(12))
+    # An int seed gives system s the stream of seed + s; generators may be given the same way.
+    by_generators = [torch.Generator().manual_seed(12), torch.Generator().manual_seed(13)]
+    by_generator = trajectory(langevin_init, langevin_step, by_generators)
     assert torch.equal(by_generator, trajectory(langevin_init, langevin_step, 12))
+    # One generator for the whole batch is one stream: different numbers per system.
+    shared = trajectory(langevin_init, langevin_step, torch.Generator().manual_seed(12))
+    assert not torch.allclose(shared, by_generator, atol=1e-8)
     assert torch.equal(torch.random.get_rng_state(), global_state)
+
+
+@pytest.mark.parametrize("which", ["langevin", "csvr", "npt"])
+def test_a_system_in_a_batch_follows_its_trajectory_alone(which):
+    # Each system draws from its own stream (seed + its index), so its noise, and with it its
+    # trajectory, does not depend on what else is in the batch.
+    structures = [crystal(2, rattle=0.05, seed=11), crystal(2, rattle=0.05, seed=12)]
+    together = batch(structures, 40.0)
+    options = {"timestep_fs": 5.0, "temperature_K": 40.0}
+    init, step = {
+        "langevin": (langevin_init, langevin_step),
+        "csvr": (csvr_init, csvr_step),
+        "npt": (npt_init, npt_step),
+    }[which]
+    if which == "npt":
+        options |= {"pressure_GPa": 0.0, "barostat_tau_fs": 500.0, "cell_mode": "per_axis"}
+    lj = LennardJones(together.system)
+    end = run(init(together, lj, rng=20, **options), step, lj, 30)[0].state
+    for index, atoms in enumerate(structures):
+        alone = batch([atoms], 40.0, seed=index)  # its velocities too: seed 0 + index
+        lj_alone = LennardJones(alone.system)
+        alone_end = run(init(alone, lj_alone, rng=20 + index, **options), step, lj_alone, 30)[0]
+        rows = together.system == index
+        torch.testing.assert_close(
+            end.positions[rows], alone_end.state.positions, rtol=0, atol=1e-10
+        )
 
 
 @pytest.mark.parametrize("which", ["langevin", "csvr"])
@@ -374,7 +406,8 @@ def test_csvr_kinetic_energy_update_leaves_the_canonical_distribution_invariant(
     kinetic = kT * torch._standard_gamma(dofs / 2, generator=generator)  # canonical K
     for tau in (0.2, 1.0, 10.0):
         taus = torch.full((n,), tau, dtype=torch.float64)
-        new, _ = resample_kinetic_energy(kinetic, kTs, dofs, taus, 1.0, generator)
+        streams = RandomStreams((generator,), (1,) * n)  # n systems drawing from one stream
+        new, _ = resample_kinetic_energy(kinetic, kTs, dofs, taus, 1.0, streams)
         x = new / (dof * kT / 2)
         assert float(x.mean()) == pytest.approx(1.0, abs=5 * (2 / dof / n) ** 0.5)
         assert float(((x - 1) ** 2).mean() * dof / 2) == pytest.approx(1.0, abs=0.02)
@@ -471,7 +504,7 @@ def _without_stress(state: State) -> ForceResult:
         ("langevin", {"friction_per_ps": -1.0}, ValueError, "friction_per_ps must be >= 0 1/ps"),
         ("langevin", {"temperature_K": [1.0, 2.0]}, ValueError, "one value or one per system"),
         ("langevin", {"temperature_K": math.inf}, ValueError, "temperature_K must be finite"),
-        ("langevin", {"rng": 1.5}, TypeError, "rng must be an int seed or a torch.Generator"),
+        ("langevin", {"rng": 1.5}, TypeError, "rng must be an int seed, a torch.Generator"),
         ("csvr", {"tau_fs": 0.0}, ValueError, "tau_fs must be > 0 fs"),
         ("csvr", {"state": _STATE}, ValueError, "cannot heat a system at rest"),
         ("nhc", {"chain_length": 0}, ValueError, "chain_length must be an integer >= 1"),
@@ -559,7 +592,8 @@ def test_steps_run_without_host_sync_and_replay_in_a_cuda_graph(which):
     md = start()  # the warm-up drew random numbers: start again
     graph = torch.cuda.CUDAGraph()
     if stochastic:
-        graph.register_generator_state(md.generator)
+        for generator in md.streams.generators:
+            graph.register_generator_state(generator)
     with torch.cuda.graph(graph):
         out = md
         for _ in range(blocks):

@@ -127,6 +127,7 @@ def md(
     output: str | os.PathLike[str] | None = None,
     seed: int = 0,
     repeat: Sequence[int] | int | None = None,
+    replicas: int = 1,
     initial_temperature_K: float | None = None,
     trajectory_every: int = 100,
     thermo_every: int = 100,
@@ -174,6 +175,11 @@ def md(
     with the same physics (a resume that changes the ensemble's settings, the model, dtype or
     seed is refused) and the saved timestep unless ``timestep_fs`` is given (1 fs for a new
     run).
+
+    ``replicas=N`` runs N copies of each structure in one batch (copies of a structure next to
+    each other), each drawing from its own random stream: system ``s`` of a batch, copy or
+    not, draws from ``seed + s``, so it follows the trajectory it would follow alone with that
+    seed. Settings given per system (``temperature_K=[...]``) count the copies.
 
     ``dispersion="d3bj"`` adds D3(BJ) dispersion (two-body, mace-torch's
     ``mace_mp(dispersion=True)`` cutoffs) with the parameters of the functional the model's

@@ -80,14 +80,16 @@ class MDResult:
     def summary(self) -> str:
         speed = self.timings.get("steps_per_s", float("nan"))
         ns_day = self.timings.get("ns_per_day", float("nan"))
-        last = self.thermo[0] if self.thermo else {}
-        temperature = last.get("temperature_K")
+        temperatures = [row["temperature_K"] for row in self.thermo if "temperature_K" in row]
         text = (
             f"{self.steps} steps of {self.ensemble} with {self.model}: {speed:.1f} steps/s, "
             f"{ns_day:.3f} ns/day"
         )
-        if temperature is not None:
-            text += f"; final T = {temperature:.1f} K"
+        if len(temperatures) == 1:
+            text += f"; final T = {temperatures[0]:.1f} K"
+        elif temperatures:  # a batch: one per system, in system order
+            shown = ", ".join(f"{t:.1f}" for t in temperatures)
+            text += f"; final T = {shown} K (per system)"
         if self.output is not None:
             text += f"; output in {self.output}"
         return text

@@ -26,7 +26,7 @@ from fastmace.dynamics.dispersion import DispersionTerm, run_dispersion_function
 from fastmace.dynamics.engine import Engine, ForceField, generators_of, tensors_of
 from fastmace.dynamics.errors import GuardError, SimulationError
 from fastmace.dynamics.guard import Guard
-from fastmace.dynamics.integrators import make_generator, maxwell_boltzmann_velocities
+from fastmace.dynamics.integrators import maxwell_boltzmann_velocities, random_streams
 from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
@@ -97,13 +97,14 @@ class Simulation:
         self.physics = physics_record(settings, model, state.n_systems, self.dispersion_functional)
         if resume:  # before the run directory is cut back to its restart: a refusal changes nothing
             self._check_resume(output, state)
-        # One stream from the seed, for the velocities and then the integrator's noise: two
-        # generators seeded alike made Langevin's first noise repeat the velocities' draw, a
-        # kick of 12% of the kinetic energy at 1/ps (38% at 10/ps) on the first step.
-        self.generator = make_generator(settings.seed, state.device)
+        # One stream per system from the seed (system s: seed + s), for the velocities and then
+        # the integrator's noise: two generators seeded alike made Langevin's first noise repeat
+        # the velocities' draw, a kick of 12% of the kinetic energy at 1/ps (38% at 10/ps) on
+        # the first step. Per system, a system's trajectory does not depend on its batch.
+        self.streams = random_streams(settings.seed, state)
         if settings.initial_temperature_K is not None and not resume:
             state = maxwell_boltzmann_velocities(
-                state, settings.initial_temperature_K, self.generator
+                state, settings.initial_temperature_K, self.streams
             )
         restart = None
         if output is not None:
@@ -207,7 +208,7 @@ class Simulation:
         """The integrator's start; the first forces are recomputed until the list fits."""
         settings = self.settings
         while True:
-            md = settings.ensemble.init(state, force_field, settings.timestep_fs, self.generator)
+            md = settings.ensemble.init(state, force_field, settings.timestep_fs, self.streams)
             if not overflowed(force_field.edges):  # host read, once, outside the hot path
                 return md
             force_field.neighbours, force_field.edges = regrow(force_field.neighbours, state)
@@ -279,7 +280,14 @@ class Simulation:
                     "structures, model and ensemble"
                 )
             tensor.copy_(torch.as_tensor(saved[name], device=tensor.device))
-        for generator, state in zip(generators_of(md), payload["generators"], strict=True):
+        generators, saved = generators_of(md), payload["generators"]
+        if len(generators) != len(saved):
+            raise ValueError(
+                f"the restart holds {len(saved)} random streams and this run draws from "
+                f"{len(generators)} (one per system since 2026-12-01; a batch used to share "
+                "one): resume it with the FastMACE that wrote it, or start the run again"
+            )
+        for generator, state in zip(generators, saved, strict=True):
             generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
     # -- the run ---------------------------------------------------------------------------

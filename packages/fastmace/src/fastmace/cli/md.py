@@ -33,7 +33,8 @@ from fastmace.vocabulary import (
 # Keys of a run config (TOML) besides the ensemble settings: fm.md's other arguments.
 RUN_KEYS = (
     "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
-    "repeat", "initial_temperature_K", "trajectory_every", "thermo_every", "restart_every",
+    "repeat", "replicas", "initial_temperature_K", "trajectory_every", "thermo_every",
+    "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
     "block_steps", "skin_A", "graphs", "compile", "matmul_precision", "resume", "check", "guard",
     "temperature_schedule", "pressure_schedule",
@@ -137,6 +138,14 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         type=_repeat,
         metavar="N|A,B,C",
         help="supercell, e.g. 3 or 4,4,2 (default: none)",
+    )
+    md.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="copies of each structure in one batch, each with its own random stream "
+        "(seed + system index) (default: %(default)s)",
     )
     md.add_argument(
         "--output", "-o", metavar="DIR", help="run directory (default: md-<name>-<date>-<time>)"

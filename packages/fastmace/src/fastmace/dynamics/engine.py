@@ -37,7 +37,7 @@ from fastmace.dynamics.dispersion import DispersionTerm
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.errors import SimulationError
 from fastmace.dynamics.guard import Guard
-from fastmace.dynamics.integrators import ComputeFn, ForceResult, MDState
+from fastmace.dynamics.integrators import ComputeFn, ForceResult, MDState, RandomStreams
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
 from fastmace.dynamics.potential import Potential
@@ -171,11 +171,15 @@ def tensors_of(md: MDState) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def generators_of(md: MDState) -> list[torch.Generator]:
-    return [
-        getattr(md, item.name)
-        for item in dataclasses.fields(md)
-        if isinstance(getattr(md, item.name), torch.Generator)
-    ]
+    """Every random generator an integrator state draws from, in a fixed order."""
+    found = []
+    for item in dataclasses.fields(md):
+        value = getattr(md, item.name)
+        if isinstance(value, torch.Generator):
+            found.append(value)
+        elif isinstance(value, RandomStreams):
+            found.extend(value.generators)
+    return found
 
 
 def copy_into(target: MDState, source: MDState) -> None:

@@ -12,10 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from fastmace.dynamics import integrators
-from fastmace.dynamics.integrators import ComputeFn, MDState
+from fastmace.dynamics.integrators import ComputeFn, MDState, RandomStreams
+from fastmace.dynamics.integrators.streams import Seed
 from fastmace.dynamics.state import State
 from fastmace.vocabulary import (
     ENSEMBLE_TAKES,
@@ -56,9 +55,9 @@ class Ensemble:
         return _TABLE[self.name][2]
 
     def init(
-        self, state: State, compute: ComputeFn, timestep_fs: float, rng: int | torch.Generator
+        self, state: State, compute: ComputeFn, timestep_fs: float, rng: Seed | RandomStreams
     ) -> MDState:
-        """The integrator's start; ``rng`` (a seed or a generator) feeds a stochastic one."""
+        """The integrator's start; ``rng`` (seeds, generators or streams) feeds a stochastic one."""
         init = _TABLE[self.name][0]
         extra = {"rng": rng} if self.stochastic else {}
         return init(state, compute, timestep_fs=timestep_fs, **self.settings, **extra)

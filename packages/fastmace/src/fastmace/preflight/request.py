@@ -173,6 +173,31 @@ def check_repeat(units: list[ase.Atoms], repeat: Any) -> None:
         )
 
 
+def check_replicas(units: list[ase.Atoms], repeat: Any, replicas: Any) -> int:
+    """``replicas`` as a positive integer whose copies stay within MAX_RUN_ATOMS atoms."""
+    if not _whole_number(replicas) or replicas < 1:
+        raise RequestError(f"replicas must be a positive integer, got {replicas!r}", "replicas")
+    if repeat is None:
+        copies = 1
+    else:
+        counts = (repeat,) * 3 if _whole_number(repeat) else tuple(repeat)
+        copies = counts[0] * counts[1] * counts[2]
+    atoms = sum(len(unit) for unit in units) * copies * replicas
+    if atoms > MAX_RUN_ATOMS:
+        raise RequestError(
+            f"{replicas:,} replicas make {atoms:,} atoms; one run holds at most "
+            f"{MAX_RUN_ATOMS:,}: choose fewer replicas",
+            "replicas",
+        )
+    return int(replicas)
+
+
+def replicated(structures: list[ase.Atoms], replicas: int) -> list[ase.Atoms]:
+    """Each structure followed by ``replicas - 1`` copies of itself."""
+    return [atoms if copy == 0 else atoms.copy() for atoms in structures
+            for copy in range(replicas)]  # fmt: skip
+
+
 def _whole_number(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -188,7 +213,8 @@ def check_request(
     check_environment(extra_environment)
     units = read_structures(structure)
     check_repeat(units, arguments.get("repeat"))
-    structures = read_structures(units, arguments.get("repeat"))
+    replicas = check_replicas(units, arguments.get("repeat"), arguments.get("replicas", 1))
+    structures = replicated(read_structures(units, arguments.get("repeat")), replicas)
     try:
         check_structures(structures, model_species=None)
     except StructureError as error:

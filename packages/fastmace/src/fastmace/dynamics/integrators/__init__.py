@@ -12,7 +12,6 @@ from fastmace.dynamics.integrators.common import (
     ForceResult,
     MDState,
     kinetic_energy,
-    make_generator,
     maxwell_boltzmann_velocities,
     remove_com_momentum,
 )
@@ -25,6 +24,7 @@ from fastmace.dynamics.integrators.nose_hoover import (
 )
 from fastmace.dynamics.integrators.npt import CELL_MODES, NPTState, npt_init, npt_step
 from fastmace.dynamics.integrators.nve import NVEState, nve_init, nve_step
+from fastmace.dynamics.integrators.streams import RandomStreams, random_streams
 from fastmace.dynamics.integrators.validation import MAX_TIMESTEP_FS
 
 __all__ = [
@@ -38,12 +38,12 @@ __all__ = [
     "NPTState",
     "NVEState",
     "NoseHooverChainState",
+    "RandomStreams",
     "csvr_init",
     "csvr_step",
     "kinetic_energy",
     "langevin_init",
     "langevin_step",
-    "make_generator",
     "maxwell_boltzmann_velocities",
     "nose_hoover_chain_init",
     "nose_hoover_chain_step",
@@ -51,5 +51,6 @@ __all__ = [
     "npt_step",
     "nve_init",
     "nve_step",
+    "random_streams",
     "remove_com_momentum",
 ]

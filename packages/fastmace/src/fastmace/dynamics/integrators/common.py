@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from fastmace.dynamics.integrators.streams import RandomStreams, Seed, random_streams
 from fastmace.dynamics.integrators.units import EV_PER_AMU_A2_PER_FS2, KB_EV_PER_K
 from fastmace.dynamics.integrators.validation import (
     PerSystem,
@@ -30,7 +31,7 @@ class MDState:
 
     The step functions return a new MDState and never modify the tensors of the one they are
     given, so a captured block of steps reads its inputs and writes fresh outputs (only the
-    random generator of a stochastic integrator advances in place).
+    random generators of a stochastic integrator advance in place).
 
     Attributes:
         state: positions (Å), velocities (Å/fs), masses, cells of the batch.
@@ -71,13 +72,14 @@ class HeatBathState(MDState):
 
     Attributes:
         kT: (S,) target temperature times k_B, in eV.
-        generator: the random generator; every step draws from it (it is advanced in place).
+        streams: the random generators, one per system (integrators/streams.py); every step
+            draws from them (they advance in place).
         thermostat_energy: (S,) energy in eV the thermostat has taken out of each system so
             far; total energy plus this is conserved up to the integration error.
     """
 
     kT: torch.Tensor
-    generator: torch.Generator
+    streams: RandomStreams
     thermostat_energy: torch.Tensor
 
     def conserved_energy(self) -> torch.Tensor:
@@ -177,30 +179,8 @@ def initial_md_state(
     )
 
 
-def make_generator(rng: int | torch.Generator, device: torch.device) -> torch.Generator:
-    """The random generator an integrator draws from: ``rng`` itself, or one seeded with it.
-
-    The integrators never touch torch's global generator. A generator given must live on the
-    state's device. For CUDA graph capture, register it with the graph
-    (``torch.cuda.CUDAGraph.register_generator_state``) so that each replay draws new numbers.
-    """
-    if isinstance(rng, torch.Generator):
-        have, want = torch.device(rng.device), torch.device(device)
-        if have.type != want.type or (None not in (have.index, want.index) and have != want):
-            raise ValueError(
-                f"the random generator is on {rng.device} but the state is on {device}; "
-                f"create it with torch.Generator(device={str(device)!r}) or pass an int seed"
-            )
-        return rng
-    if isinstance(rng, bool) or not isinstance(rng, int):
-        raise TypeError(f"rng must be an int seed or a torch.Generator, got {type(rng).__name__}")
-    generator = torch.Generator(device=device)
-    generator.manual_seed(rng)
-    return generator
-
-
 def maxwell_boltzmann_velocities(
-    state: State, temperature_K: PerSystem, rng: int | torch.Generator
+    state: State, temperature_K: PerSystem, rng: Seed | RandomStreams
 ) -> State:
     """A State with velocities drawn from the Maxwell-Boltzmann distribution at each system's
     temperature, then with each system's centre-of-mass momentum removed.
@@ -209,9 +189,7 @@ def maxwell_boltzmann_velocities(
     the canonical distribution of the ``3 N_s - 3`` remaining degrees of freedom.
     """
     kT = KB_EV_PER_K * per_system(temperature_K, state, "temperature_K", "K", minimum=0.0)
-    generator = make_generator(rng, state.device)
-    noise = torch.randn(
-        state.positions.shape, generator=generator, dtype=torch.float64, device=state.device
-    )
+    streams = random_streams(rng, state)
+    noise = streams.per_atom(3, dtype=torch.float64, device=state.device)
     scale = torch.sqrt(kT[state.system] / (state.masses * EV_PER_AMU_A2_PER_FS2))
     return remove_com_momentum(replace(state, velocities=noise * scale[:, None]))

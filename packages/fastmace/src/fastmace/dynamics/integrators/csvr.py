@@ -34,10 +34,10 @@ from fastmace.dynamics.integrators.common import (
     half_kick,
     initial_md_state,
     kinetic_energy,
-    make_generator,
     remove_com_momentum,
     with_velocities,
 )
+from fastmace.dynamics.integrators.streams import RandomStreams, Seed, random_streams
 from fastmace.dynamics.integrators.units import KB_EV_PER_K
 from fastmace.dynamics.integrators.validation import PerSystem, check_thermostatted, per_system
 from fastmace.dynamics.state import State
@@ -63,7 +63,7 @@ def csvr_init(
     timestep_fs: float,
     temperature_K: PerSystem,
     tau_fs: PerSystem = ENSEMBLE_DEFAULTS["tau_fs"],
-    rng: int | torch.Generator,
+    rng: Seed | RandomStreams,
 ) -> CSVRState:
     """Start CSVR dynamics; removes each system's COM momentum, computes the forces.
 
@@ -76,16 +76,17 @@ def csvr_init(
         temperature_K: target temperature in K (>= 0), one or one per system.
         tau_fs: thermostat time constant in fs (> 0); 100 fs is a common choice, and the
             sampling is canonical for any τ.
-        rng: an int seed or a torch.Generator on the state's device.
+        rng: an int seed (system ``s`` draws from ``seed + s``), one seed or generator per
+            system, or one torch.Generator for the batch (integrators/streams.py).
     """
     check_thermostatted(state, "The CSVR thermostat")
     kT = KB_EV_PER_K * per_system(temperature_K, state, "temperature_K", "K", minimum=0.0)
     tau = per_system(tau_fs, state, "tau_fs", "fs", strictly_above=0.0)
-    generator = make_generator(rng, state.device)
+    streams = random_streams(rng, state)
     md = initial_md_state(state, compute, timestep_fs)
     check_can_rescale(md, kT)
     return CSVRState(
-        **vars(md), kT=kT, tau=tau, generator=generator, thermostat_energy=torch.zeros_like(kT)
+        **vars(md), kT=kT, tau=tau, streams=streams, thermostat_energy=torch.zeros_like(kT)
     )
 
 
@@ -104,7 +105,7 @@ def csvr_step(md: CSVRState, compute: ComputeFn) -> CSVRState:
 
 
 def _thermostat(md: CSVRState, state: State, duration: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return rescale_velocities(state, md.kT, md.tau, md.degrees_of_freedom, duration, md.generator)
+    return rescale_velocities(state, md.kT, md.tau, md.degrees_of_freedom, duration, md.streams)
 
 
 def rescale_velocities(
@@ -113,7 +114,7 @@ def rescale_velocities(
     tau: torch.Tensor,
     degrees_of_freedom: torch.Tensor,
     duration: float,
-    generator: torch.Generator,
+    streams: RandomStreams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact CSVR update of ``state``'s velocities over ``duration`` fs.
 
@@ -122,7 +123,7 @@ def rescale_velocities(
     """
     kinetic = kinetic_energy(state)
     new_kinetic, sign = resample_kinetic_energy(
-        kinetic, kT, degrees_of_freedom, tau, duration, generator
+        kinetic, kT, degrees_of_freedom, tau, duration, streams
     )
     # A system at rest stays at rest (alpha is irrelevant there); avoid 0/0.
     safe = torch.where(kinetic > 0, kinetic, torch.ones_like(kinetic))
@@ -136,7 +137,7 @@ def resample_kinetic_energy(
     degrees_of_freedom: torch.Tensor,
     tau: torch.Tensor,
     duration: float,
-    generator: torch.Generator,
+    streams: RandomStreams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(S,) kinetic energies after ``duration`` fs of the CSVR process, and the sign of alpha.
 
@@ -145,11 +146,9 @@ def resample_kinetic_energy(
     """
     c = torch.exp(-duration / tau)
     per_dof = (1.0 - c) * kT / 2.0  # (1 - c) K̄ / N_f
-    first = torch.randn(
-        kinetic.shape, generator=generator, dtype=kinetic.dtype, device=kinetic.device
-    )
+    first = streams.per_system(dtype=kinetic.dtype, device=kinetic.device)
     # chi-square of N_f - 1 degrees of freedom (N_f >= 3 with at least 2 atoms per system)
-    chi2 = 2.0 * torch._standard_gamma((degrees_of_freedom - 1.0) / 2.0, generator=generator)
+    chi2 = 2.0 * streams.gamma((degrees_of_freedom - 1.0) / 2.0)
     amplitude = torch.sqrt(c * kinetic) + torch.sqrt(per_dof) * first
     sign = torch.ones_like(amplitude).copysign(amplitude)
     return amplitude * amplitude + per_dof * chi2, sign

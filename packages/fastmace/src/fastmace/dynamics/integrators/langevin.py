@@ -26,10 +26,10 @@ from fastmace.dynamics.integrators.common import (
     half_kick,
     initial_md_state,
     kinetic_energy,
-    make_generator,
     remove_com_momentum,
     with_velocities,
 )
+from fastmace.dynamics.integrators.streams import RandomStreams, Seed, random_streams
 from fastmace.dynamics.integrators.units import EV_PER_AMU_A2_PER_FS2, FS_PER_PS, KB_EV_PER_K
 from fastmace.dynamics.integrators.validation import PerSystem, check_thermostatted, per_system
 from fastmace.dynamics.state import State
@@ -38,7 +38,7 @@ from fastmace.vocabulary import ENSEMBLE_DEFAULTS
 
 @dataclass
 class LangevinState(HeatBathState):
-    """Langevin dynamics' state: the bath (target, generator, energy) and the friction.
+    """Langevin dynamics' state: the bath (target, random streams, energy) and the friction.
 
     Attributes:
         friction: (S,) friction gamma in 1/fs.
@@ -54,7 +54,7 @@ def langevin_init(
     timestep_fs: float,
     temperature_K: PerSystem,
     friction_per_ps: PerSystem = ENSEMBLE_DEFAULTS["friction_per_ps"],
-    rng: int | torch.Generator,
+    rng: Seed | RandomStreams,
 ) -> LangevinState:
     """Start Langevin dynamics; removes each system's COM momentum, computes the forces.
 
@@ -66,18 +66,19 @@ def langevin_init(
         temperature_K: target temperature in K (>= 0), one or one per system.
         friction_per_ps: friction gamma in 1/ps (>= 0; 0 gives NVE), one or one per system.
             1/ps perturbs dynamics little; 10/ps thermalises within a few hundred fs.
-        rng: an int seed or a torch.Generator on the state's device.
+        rng: an int seed (system ``s`` draws from ``seed + s``), one seed or generator per
+            system, or one torch.Generator for the batch (integrators/streams.py).
     """
     check_thermostatted(state, "Langevin dynamics")
     kT = KB_EV_PER_K * per_system(temperature_K, state, "temperature_K", "K", minimum=0.0)
     friction = per_system(friction_per_ps, state, "friction_per_ps", "1/ps", minimum=0.0)
-    generator = make_generator(rng, state.device)
+    streams = random_streams(rng, state)
     md = initial_md_state(state, compute, timestep_fs)
     return LangevinState(
         **vars(md),
         kT=kT,
         friction=friction / FS_PER_PS,
-        generator=generator,
+        streams=streams,
         thermostat_energy=torch.zeros_like(kT),
     )
 
@@ -105,9 +106,7 @@ def ornstein_uhlenbeck(
     c1 = torch.exp(-md.friction * duration)[system, None]
     sigma = torch.sqrt((1.0 - c1 * c1) * md.kT[system, None])
     sigma = sigma / torch.sqrt(state.masses[:, None] * EV_PER_AMU_A2_PER_FS2)
-    noise = torch.randn(
-        state.velocities.shape, generator=md.generator, dtype=torch.float64, device=state.device
-    )
+    noise = md.streams.per_atom(3, dtype=torch.float64, device=state.device)
     new = remove_com_momentum(
         replace(state, velocities=c1 * state.velocities + sigma * noise), md.system_mass
     )

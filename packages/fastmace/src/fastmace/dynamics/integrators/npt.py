@@ -23,11 +23,11 @@ from fastmace.dynamics.integrators.common import (
     half_kick,
     initial_md_state,
     kinetic_tensor,
-    make_generator,
     remove_com_momentum,
     with_velocities,
 )
 from fastmace.dynamics.integrators.csvr import check_can_rescale, rescale_velocities
+from fastmace.dynamics.integrators.streams import RandomStreams, Seed, random_streams
 from fastmace.dynamics.integrators.units import (
     EV_PER_A3_PER_BAR,
     EV_PER_A3_PER_GPA,
@@ -49,7 +49,7 @@ CellMode = Literal["isotropic", "per_axis", "full"]
 
 @dataclass
 class NPTState(MDState):
-    """Stochastic cell rescaling plus CSVR: targets per system and the random generator.
+    """Stochastic cell rescaling plus CSVR: targets per system and the random streams.
 
     Attributes:
         kT: (S,) target temperature times k_B, in eV.
@@ -58,7 +58,7 @@ class NPTState(MDState):
         barostat_tau: (S,) barostat time constant τ_p in fs.
         compressibility: (S,) the barostat's β in Å^3/eV.
         cell_mode: "isotropic", "per_axis" or "full" (see the module's docstring).
-        generator: the random generator (advanced in place by every step).
+        streams: the random generators, one per system (advanced in place by every step).
         thermostat_energy: (S,) energy in eV taken out by the thermostat so far.
     """
 
@@ -68,7 +68,7 @@ class NPTState(MDState):
     barostat_tau: torch.Tensor
     compressibility: torch.Tensor
     cell_mode: CellMode
-    generator: torch.Generator
+    streams: RandomStreams
     thermostat_energy: torch.Tensor
 
     def pressure_tensor(self) -> torch.Tensor:
@@ -88,7 +88,7 @@ def npt_init(
     barostat_tau_fs: PerSystem = ENSEMBLE_DEFAULTS["barostat_tau_fs"],
     compressibility_per_GPa: PerSystem = ENSEMBLE_DEFAULTS["compressibility_per_GPa"],
     cell_mode: CellMode = ENSEMBLE_DEFAULTS["cell_mode"],
-    rng: int | torch.Generator,
+    rng: Seed | RandomStreams,
 ) -> NPTState:
     """Start NPT dynamics; removes each system's COM momentum, computes forces and stress.
 
@@ -107,7 +107,8 @@ def npt_init(
             that of a metal or oxide; water is about 0.45/GPa. A β larger than the material's
             shortens the volume's relaxation time below τ_p and, far too large, destabilises.
         cell_mode: "isotropic", "per_axis" or "full".
-        rng: an int seed or a torch.Generator on the state's device.
+        rng: an int seed (system ``s`` draws from ``seed + s``), one seed or generator per
+            system, or one torch.Generator for the batch (integrators/streams.py).
     """
     check_thermostatted(state, "NPT")
     check_periodic(state, "NPT")
@@ -124,7 +125,7 @@ def npt_init(
     beta = per_system(
         compressibility_per_GPa, state, "compressibility_per_GPa", "1/GPa", strictly_above=0.0
     )
-    generator = make_generator(rng, state.device)
+    streams = random_streams(rng, state)
     md = initial_md_state(state, compute, timestep_fs, need_stress=True)
     check_can_rescale(md, kT)
     return NPTState(
@@ -135,7 +136,7 @@ def npt_init(
         barostat_tau=barostat_tau,
         compressibility=per_gpa_to_a3_per_ev(beta),
         cell_mode=cell_mode,
-        generator=generator,
+        streams=streams,
         thermostat_energy=torch.zeros_like(kT),
     )
 
@@ -174,18 +175,18 @@ def cell_strain(md: NPTState) -> torch.Tensor:
     # per component: relaxation with beta/3, noise of variance 2 kT (beta/3) dt / (V tau_p)
     rate = md.compressibility * dt / (3.0 * md.barostat_tau)
     noise = torch.sqrt(2.0 * md.kT * rate / volume)
-    n_systems, options = state.n_systems, {"dtype": torch.float64, "device": state.device}
+    options = {"dtype": torch.float64, "device": state.device}
     if md.cell_mode == "isotropic":
         scalar = pressure.diagonal(dim1=1, dim2=2).mean(dim=1)
-        xi = torch.randn(n_systems, generator=md.generator, **options)
+        xi = md.streams.per_system(**options)
         strain = rate * (scalar - md.pressure) + noise / math.sqrt(3.0) * xi
         return strain[:, None, None] * eye
     if md.cell_mode == "per_axis":
         diagonal = pressure.diagonal(dim1=1, dim2=2)
-        xi = torch.randn(n_systems, 3, generator=md.generator, **options)
+        xi = md.streams.per_system(3, **options)
         strain = rate[:, None] * (diagonal - md.pressure[:, None]) + noise[:, None] * xi
         return torch.diag_embed(strain)
-    xi = torch.randn(n_systems, 3, 3, generator=md.generator, **options)
+    xi = md.streams.per_system(3, 3, **options)
     symmetric_noise = 0.5 * (xi + xi.transpose(1, 2))
     symmetric_pressure = 0.5 * (pressure + pressure.transpose(1, 2))
     target = md.pressure[:, None, None] * eye
@@ -219,7 +220,7 @@ def _expm_small(strain: torch.Tensor) -> torch.Tensor:
 
 def _thermostat(md: NPTState, state: State, duration: float) -> tuple[torch.Tensor, torch.Tensor]:
     return rescale_velocities(
-        state, md.kT, md.thermostat_tau, md.degrees_of_freedom, duration, md.generator
+        state, md.kT, md.thermostat_tau, md.degrees_of_freedom, duration, md.streams
     )
 
 
