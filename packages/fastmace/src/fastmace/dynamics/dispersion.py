@@ -326,9 +326,16 @@ def _segment_sums(values: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     is relative to the running total, not to the run's own sum; in float64 that stays many
     orders below the issue's 1e-6 (docs/validation/dispersion.md).
     """
-    running = torch.cumsum(values, dim=0)
-    running = torch.cat([running.new_zeros((1, *values.shape[1:])), running])
-    return running.index_select(0, bounds[1:]) - running.index_select(0, bounds[:-1])
+    # One scan of a contiguous vector per column: a cumsum along the first dimension of an
+    # (E, 3) tensor would run as 3 sequential scans of E on a GPU (torch parallelises such a
+    # scan over the other dimensions only).
+    columns = values.reshape(values.shape[0], -1)
+    running = torch.stack(
+        [torch.cumsum(columns[:, c].contiguous(), dim=0) for c in range(columns.shape[1])], dim=1
+    )
+    running = torch.cat([running.new_zeros((1, running.shape[1])), running])
+    sums = running.index_select(0, bounds[1:]) - running.index_select(0, bounds[:-1])
+    return sums.view(bounds.shape[0] - 1, *values.shape[1:])
 
 
 class DispersionTerm:
