@@ -237,6 +237,45 @@ def test_md_with_dispersion_conserves_energy() -> None:
     assert abs(end["total_energy_eV"] - start["total_energy_eV"]) < 1e-3
 
 
+def test_the_dispersion_list_is_searched_less_often_with_a_wider_skin(monkeypatch) -> None:
+    """D3's long list is searched once in DISPERSION_SEARCH_FACTOR model searches (at least
+    once per block) with a skin of DISPERSION_SKIN_A, and the dynamics are those of a list
+    searched as often as the model's."""
+    from ase.cluster import Icosahedron
+
+    import fastmace as fm
+    from fastmace.dynamics import dispersion, engine
+
+    searched: list[float] = []
+    rebuild = NeighbourList.rebuild
+
+    def counted(self, state, edges):
+        searched.append(self.cutoff)
+        return rebuild(self, state, edges)
+
+    monkeypatch.setattr(NeighbourList, "rebuild", counted)
+    settings = {"ensemble": "nvt", "temperature_K": 300, "dispersion": "d3bj", "steps": 64,
+                "dispersion_functional": "pbe", "block_steps": 64, "thermo_every": 64,
+                "trajectory_every": 64, "restart_every": 64,
+                "graphs": False}  # fmt: skip
+    rare = fm.md(Icosahedron("Cu", 2), output=None, **settings)
+    model = [c for c in searched if c < 10.0]
+    d3 = [c for c in searched if c > 10.0]
+    every = engine.DEFAULT_SEARCH_EVERY
+    # The first forces (before the block) search both lists once; then one block of 64 steps.
+    assert len(model) == 1 + 64 // every
+    assert len(d3) == 1 + 64 // (every * dispersion.DISPERSION_SEARCH_FACTOR)
+    monkeypatch.setattr(dispersion, "DISPERSION_SEARCH_FACTOR", 1)
+    monkeypatch.setattr(engine, "DISPERSION_SEARCH_FACTOR", 1)
+    often = fm.md(Icosahedron("Cu", 2), output=None, **settings)
+    np.testing.assert_allclose(
+        rare.structures[0].positions, often.structures[0].positions, rtol=0, atol=1e-9
+    )
+    assert rare.thermo[0]["potential_energy_eV"] == pytest.approx(
+        often.thermo[0]["potential_energy_eV"], abs=1e-9
+    )
+
+
 def test_md_refuses_dispersion_without_a_known_functional(tmp_path) -> None:
     import fastmace as fm
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fastmace.dynamics.dispersion import DispersionTerm
+from fastmace.dynamics.dispersion import DISPERSION_SEARCH_FACTOR, DispersionTerm
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.errors import SimulationError
 from fastmace.dynamics.guard import Guard
@@ -69,7 +69,7 @@ class ForceField:
     otherwise the engine says which calls search (``search_now``: the list is rebuilt) and the
     others only check the skin, marking the list `stale` if it may miss a pair. With a
     ``dispersion`` term, its energy, forces and stress are added, on a list of its own kept
-    valid the same way.
+    valid the same way but searched less often (``dispersion_search_now``).
     """
 
     def __init__(
@@ -91,6 +91,7 @@ class ForceField:
         self.stress = stress
         self.search_every = search_every
         self.search_now = True
+        self.dispersion_search_now = True
 
     def __call__(self, state: State) -> ForceResult:
         self.edges = self._kept_valid(self.neighbours, self.edges, state)
@@ -98,17 +99,22 @@ class ForceField:
         energy, forces, stress = out.energy, out.forces, out.stress if self.stress else None
         term = self.dispersion
         if term is not None:  # an extra energy term on its own, longer list
-            term.edges = self._kept_valid(term.neighbours, term.edges, state)
+            term.edges = self._kept_valid(
+                term.neighbours, term.edges, state, self.dispersion_search_now
+            )
             extra = term.d3(state, term.edges, compute_stress=self.stress)
             energy, forces = energy + extra.energy, forces + extra.forces
             stress = None if stress is None else stress + extra.stress
         return ForceResult(energy, forces, stress)
 
-    def _kept_valid(self, neighbours: NeighbourList, edges: Edges, state: State) -> Edges:
-        """``edges`` brought up to date as the search pattern says (device work only)."""
+    def _kept_valid(
+        self, neighbours: NeighbourList, edges: Edges, state: State, search: bool | None = None
+    ) -> Edges:
+        """``edges`` brought up to date as the search pattern says (device work only):
+        searched when ``search`` (default: ``search_now``), else the skin checked."""
         if self.search_every == 1:
             return neighbours.update(state, edges)
-        if self.search_now:
+        if self.search_now if search is None else search:
             return neighbours.rebuild(state, edges)
         neighbours.check(state)
         return edges
@@ -244,11 +250,13 @@ class Engine:
             guard.start_block(md, force_field.neighbours)
         for index in range(self.block_steps if steps is None else steps):
             # A fixed pattern within the block, so a captured block replays the same work.
-            force_field.search_now = index % force_field.search_every == 0
+            every = force_field.search_every
+            force_field.search_now = index % every == 0
+            force_field.dispersion_search_now = index % (every * DISPERSION_SEARCH_FACTOR) == 0
             md = self.step_fn(md, force_field)
             if guard is not None:
                 guard.observe(md)
-        force_field.search_now = True
+        force_field.search_now = force_field.dispersion_search_now = True
         if guard is not None:
             guard.finish_block(md, force_field.neighbours)
         return md
