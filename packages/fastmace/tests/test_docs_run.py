@@ -37,6 +37,7 @@ STAND_INS = {
     "mp0-medium": DEMO,
     # Structure files: the demo's copper.
     "NaCl.cif": "structure.cif",
+    "KCl.cif": "structure.cif",
     "cuda": "cpu",
 }
 STEP_KEYWORDS = {"steps"}
@@ -166,18 +167,28 @@ def test_every_example_of_the_page_runs(page, tmp_path, monkeypatch):
             exec(compile(stand_in_python(code), f"{page.name}:block{index}", "exec"), namespace)
         except Exception as error:
             pytest.fail(f"{page.relative_to(ROOT)}, Python block {index}: {error!r}\n{code}")
-    for text in _blocks(page, "toml"):
-        (tmp_path / "config.toml").write_text(stand_in_toml(text), encoding="utf-8")
     environment = {**os.environ, "PYTHONPATH": str(Path(fm.__file__).parents[1])}
+    configs = _blocks(page, "toml")
     for line in _commands(page):
-        words = stand_in_command(line)
-        done = subprocess.run(
-            [sys.executable, "-m", "fastmace.cli.main", *words[1:]],
-            cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        # doctor exits 1 on a machine that lacks what a GPU run needs: still an answer.
-        allowed = (0, 1) if words[1] == "doctor" else (0,)
-        assert done.returncode in allowed, (
-            f"{page.relative_to(ROOT)}: `{line}` (run as `{shlex.join(words)}`) exited "
-            f"{done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-        )
+        # `fastmace run config.toml` runs once per TOML example of the page, each as config.toml.
+        for config in configs if "config.toml" in line else [None]:
+            if config is not None:
+                (tmp_path / "config.toml").write_text(stand_in_toml(config), encoding="utf-8")
+                for old in tmp_path.glob("screen*"):  # each example's output directory is new
+                    shutil.rmtree(old)
+            _run_command(page, line, tmp_path, environment)
+
+
+def _run_command(page: Path, line: str, directory: Path, environment: dict[str, str]) -> None:
+    """One command line of ``page``, with the stand-ins, as a child process."""
+    words = stand_in_command(line)
+    done = subprocess.run(
+        [sys.executable, "-m", "fastmace.cli.main", *words[1:]],
+        cwd=directory, env=environment, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    # doctor exits 1 on a machine that lacks what a GPU run needs: still an answer.
+    allowed = (0, 1) if words[1] == "doctor" else (0,)
+    assert done.returncode in allowed, (
+        f"{page.relative_to(ROOT)}: `{line}` (run as `{shlex.join(words)}`) exited "
+        f"{done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    )

@@ -3,12 +3,16 @@ index), so each follows the trajectory it would follow alone with that seed."""
 
 from __future__ import annotations
 
+import csv
+import json
+
 import ase.build
 import numpy as np
 import pytest
 from conftest import run_fastmace
 
 import fastmace as fm
+from fastmace.cli.md import read_config
 from fastmace.preflight import RequestError
 
 COMMON = {"model": "demo-emt-cu", "temperature_K": 300.0, "steps": 20, "seed": 5}
@@ -67,3 +71,56 @@ def test_the_command_line_runs_replicas_into_one_run_directory(tmp_path, clean_e
     rows = (tmp_path / "run" / "thermo.csv").read_text().splitlines()
     systems = {row.split(",")[1] for row in rows[1:]}
     assert rows[0].split(",")[1] == "system" and systems == {"0", "1"}
+
+
+# A run config's [[systems]] tables: a structure each, with the settings that may differ.
+
+SYSTEMS = """model = "demo-emt-cu"
+ensemble = "nvt"
+steps = 10
+thermo_every = 5
+replicas = 2
+friction_per_ps = 5.0
+
+[[systems]]
+structure = "a.extxyz"
+temperature_K = 300
+
+[[systems]]
+structure = "b.extxyz"
+temperature_K = 900
+friction_per_ps = 10.0
+"""
+
+
+def test_systems_tables_give_each_structure_its_settings_and_copies(tmp_path, clean_env):
+    copper().write(tmp_path / "a.extxyz")
+    copper()[:16].write(tmp_path / "b.extxyz")
+    config = tmp_path / "run.toml"
+    config.write_text('output = "run"\n' + SYSTEMS)  # top-level keys before the tables
+    done = run_fastmace(["run", str(config)], clean_env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    metadata = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    settings = metadata["settings"]["ensemble_settings"]
+    assert settings["temperature_K"] == [300, 300, 900, 900]
+    assert settings["friction_per_ps"] == [5.0, 5.0, 10.0, 10.0]
+    rows = list(csv.DictReader((tmp_path / "run" / "thermo.csv").open()))
+    assert sorted({row["system"] for row in rows}) == ["0", "1", "2", "3"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('structure = "a.extxyz"\n', 'structure = "a.extxyz"\nsteps = 5\n'), "cannot differ"),
+        (("model =", 'structure = "a.extxyz"\nmodel ='), "not both"),
+        (('structure = "b.extxyz"\n', ""), "needs structure"),
+        (("temperature_K = 300\n", ""), "system 1 has no temperature_K"),
+    ],
+    ids=["setting-that-cannot-differ", "structure-and-systems", "no-structure", "no-value"],
+)
+def test_bad_systems_tables_are_refused_with_the_file_and_system(tmp_path, change, message):
+    config = tmp_path / "run.toml"
+    config.write_text(SYSTEMS.replace(*change, 1))
+    with pytest.raises(ValueError, match=message) as refused:
+        read_config(config)
+    assert str(config) in str(refused.value)

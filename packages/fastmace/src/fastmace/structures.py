@@ -80,20 +80,27 @@ def read_structures(
     """``structure`` as a list of ASE structures, each repeated ``repeat`` times if given.
 
     A path is read with ``ase.io.read`` (any format ASE reads; ``index`` picks frames, the
-    last one by default). ``repeat`` builds a supercell explicitly: FastMACE never enlarges a
-    cell on its own. The caller's objects are copied, never modified.
+    last one by default); a list may mix structures and paths. ``repeat`` builds a supercell
+    explicitly: FastMACE never enlarges a cell on its own. The caller's objects are copied,
+    never modified.
     """
     if isinstance(structure, str | os.PathLike):
         structures = read_structure_file(Path(structure).expanduser(), index)
     elif isinstance(structure, ase.Atoms):
         structures = [structure]
     else:
-        structures = list(structure) if isinstance(structure, Iterable) else [structure]
-        if not all(isinstance(atoms, ase.Atoms) for atoms in structures):
-            raise TypeError(
-                "structure must be ase.Atoms, a list of them, or a file path; got "
-                f"{type(structure).__name__} {structure!r:.60}"
-            )
+        given = list(structure) if isinstance(structure, Iterable) else [structure]
+        structures = []
+        for item in given:
+            if isinstance(item, str | os.PathLike):
+                structures += read_structure_file(Path(item).expanduser(), index)
+            elif isinstance(item, ase.Atoms):
+                structures.append(item)
+            else:
+                raise TypeError(
+                    "structure must be ase.Atoms, a file path, or a list of either; got "
+                    f"{type(structure).__name__} {structure!r:.60}"
+                )
     structures = [atoms.copy() for atoms in structures]
     if repeat is not None:
         counts = (repeat,) * 3 if isinstance(repeat, int) else tuple(repeat)

@@ -42,6 +42,11 @@ RUN_KEYS = (
 )  # fmt: skip
 # Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
 RUNNER_KEYS = ("subprocess", "environment")
+# A run config's [[systems]] tables: a structure each, and the settings that may differ.
+PER_SYSTEM_KEYS = (
+    "temperature_K", "friction_per_ps", "tau_fs", "pressure_GPa", "pressure_bar",
+    "thermostat_tau_fs", "barostat_tau_fs", "compressibility_per_GPa",
+)  # fmt: skip
 
 
 def _repeat(text: str) -> tuple[int, ...]:
@@ -277,7 +282,8 @@ def _execute(settings: dict[str, Any], resume_how: str) -> int:
 
     structure = settings.pop("structure")
     if not settings.get("output"):
-        settings["output"] = _default_output(str(structure))
+        first = structure[0] if isinstance(structure, list) else structure
+        settings["output"] = _default_output(str(first))
     in_child, environment = settings.pop("subprocess", False), settings.pop("environment", {})
     if in_child or environment:
         settings["runner"] = fastmace.RunnerConfig(subprocess=in_child, environment=environment)
@@ -330,7 +336,7 @@ def read_config(path: Path) -> dict[str, Any]:
             f"{path} is not a run config: it holds bytes that are not UTF-8 text (at byte "
             f"{error.start}), and a run config is a TOML text file (docs/md.md shows one)"
         ) from None
-    known = set(RUN_KEYS) | set(RUNNER_KEYS) | set(ENSEMBLE_SETTINGS)
+    known = set(RUN_KEYS) | set(RUNNER_KEYS) | set(ENSEMBLE_SETTINGS) | {"systems"}
     unknown = sorted(set(config) - known)
     if unknown:
         raise ValueError(
@@ -340,13 +346,62 @@ def read_config(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: trusted = {config['trusted']!r} must be true or false")
     if "sha256" in config and not isinstance(config["sha256"], str):
         raise ValueError(f"{path}: sha256 = {config['sha256']!r} must be a string of 64 hex digits")
+    systems = config.pop("systems", None)
+    if systems is not None:
+        if "structure" in config:
+            raise ValueError(f"{path}: give either structure = ... or [[systems]] tables, not both")
+        config["structure"] = "[[systems]]"  # checked below as a whole
     if "structure" not in config:
-        raise ValueError(f"{path}: the key 'structure' (a structure file) is required")
-    _check_kinds(path, config)
+        raise ValueError(
+            f"{path}: the key 'structure' (a structure file) or [[systems]] tables are required"
+        )
+    if systems is None:
+        _check_kinds(path, config)
     for key in ("structure", "output", "checkpoint"):
         if key in config and not Path(config[key]).expanduser().is_absolute():
             config[key] = str(path.parent / config[key])
+    if systems is not None:
+        config.update(_systems(path, systems, config))
+        _check_kinds(path, {**config, "structure": config["structure"][0]})
     return config
+
+
+def _systems(path: Path, systems: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """``[[systems]]`` tables as fm.md's arguments: the structure paths (relative to the file)
+    and each per-system setting as a list, one value per system (the file's top-level value
+    where a table has none), each repeated for the system's replicas."""
+    if (
+        not isinstance(systems, list)
+        or not systems
+        or not all(isinstance(table, dict) for table in systems)
+    ):
+        raise ValueError(f"{path}: systems must be [[systems]] tables, each with a structure")
+    structures = []
+    for number, table in enumerate(systems, start=1):
+        unknown = sorted(set(table) - {"structure", *PER_SYSTEM_KEYS})
+        if unknown:
+            raise ValueError(
+                f"{path}: system {number} has key(s) {', '.join(unknown)} that cannot differ "
+                f"per system; a [[systems]] table takes structure and {', '.join(PER_SYSTEM_KEYS)}"
+            )
+        if not isinstance(table.get("structure"), str) or not table["structure"]:
+            raise ValueError(f'{path}: system {number} needs structure = "FILE" (a path)')
+        file = Path(table["structure"]).expanduser()
+        structures.append(str(file if file.is_absolute() else path.parent / file))
+    copies = config.get("replicas", 1) if isinstance(config.get("replicas", 1), int) else 1
+    found: dict[str, Any] = {"structure": structures}
+    for key in PER_SYSTEM_KEYS:
+        if not any(key in table for table in systems):
+            continue
+        values = []
+        for number, table in enumerate(systems, start=1):
+            if key not in table and key not in config:
+                raise ValueError(
+                    f"{path}: system {number} has no {key}, and the file gives none for all"
+                )
+            values += [table.get(key, config.get(key))] * copies
+        found[key] = values
+    return found
 
 
 def _check_kinds(path: Path, config: dict[str, Any]) -> None:
