@@ -71,6 +71,7 @@ def test_the_command_line_runs_replicas_into_one_run_directory(tmp_path, clean_e
     rows = (tmp_path / "run" / "thermo.csv").read_text().splitlines()
     systems = {row.split(",")[1] for row in rows[1:]}
     assert rows[0].split(",")[1] == "system" and systems == {"0", "1"}
+    assert "final 0:" in done.stdout and "final 1:" in done.stdout  # the report, per replica
 
 
 # A run config's [[systems]] tables: a structure each, with the settings that may differ.

@@ -47,6 +47,9 @@ DISTRIBUTIONS = (
     "fastmace-oeq-ext", "ase", "numpy", "h5py",
 )  # fmt: skip
 
+# The report's final lines name at most this many systems (the rest: thermo.csv).
+MAX_SYSTEMS_REPORTED = 8
+
 
 # The import names of those that can run from a source tree without package metadata (as
 # OpenEquivariance does on the GPU machine): such a module is recorded as there, version unknown.
@@ -400,12 +403,17 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         " ns/day (steady blocks; warm-up and capture count as start-up)"
     )
     lines.append(f"start-up:  {startup_summary(result.timings)}")
-    if result.thermo:
-        last = result.thermo[0]
+    many = len(result.thermo) > 1
+    for index, last in enumerate(result.thermo[:MAX_SYSTEMS_REPORTED]):
         state = f"T = {last.get('temperature_K', float('nan')):.1f} K"
         if last.get("pressure_GPa") is not None:
             state += f", P = {last['pressure_GPa']:.3f} GPa"
-        lines.append(f"final:     {state}, E_pot = {last.get('potential_energy_eV'):.4f} eV")
+        label = f"final {index}:" if many else "final:"
+        lines.append(f"{label:<11}{state}, E_pot = {last.get('potential_energy_eV'):.4f} eV")
+    if len(result.thermo) > MAX_SYSTEMS_REPORTED:
+        lines.append(
+            f"           ... {len(result.thermo) - MAX_SYSTEMS_REPORTED} more systems in thermo.csv"
+        )
     lines.append(f"output:    {_output_summary(simulation, result)}")
     lines.append(f"licence:   the weights are under {model.licence}")
     return "\n".join(lines) + "\n"
