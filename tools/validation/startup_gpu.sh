@@ -24,6 +24,18 @@ mkdir -p "$OUT"
 export FASTMACE_CACHE=${FASTMACE_CACHE:-/tmp/fastmace-cache}
 export PYTHONPATH="$PWD/packages/fastmace/src:${PYTHONPATH:-}"
 tests=packages/fastmace/tests
+
+pair_tests() {  # the pair-sharing GPU tests on every backend, into gpu_tests_STAGE.txt
+  timeout 110 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_pair_radials.py" \
+    > "$OUT/gpu_tests_$1.txt" 2>&1
+  echo "pair-radial gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_$1.txt"))"
+}
+
+before_after() {  # md_speed.py on .baseline's source, then on this checkout: the same CASES
+  TEST_TIMEOUT_S=$1 BEFORE_BUDGET_S=110 AFTER_BUDGET_S=$2 OUT="$OUT" \
+    bash tools/validation/perf_gpu.sh .baseline "$3" "$3"
+}
+
 case "${1:-1}" in
 1)
   timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_relax.py" \
@@ -88,15 +100,11 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   echo "quiet-run tests: exit $? ($(tail -1 "$OUT/gpu_tests_6.txt"))"
   ;;
 7)
-  TEST_TIMEOUT_S=160 BEFORE_BUDGET_S=110 AFTER_BUDGET_S=150 OUT="$OUT" \
-    bash tools/validation/perf_gpu.sh .baseline \
-    "mp0-medium/216/fastmace-cueq,mp0-medium/1728/fastmace-cueq,mp0-medium/13824/fastmace-cueq" \
+  before_after 160 150 \
     "mp0-medium/216/fastmace-cueq,mp0-medium/1728/fastmace-cueq,mp0-medium/13824/fastmace-cueq"
   ;;
 8)
-  timeout 110 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_pair_radials.py" \
-    > "$OUT/gpu_tests_8.txt" 2>&1
-  echo "pair-radial gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_8.txt"))"
+  pair_tests 8
   timeout 170 python3 benchmarks/profile_step.py --atoms 216,13824 --no-operators \
     --out "$OUT/profile" > "$OUT/profile.log" 2>&1
   echo "profile: exit $?"
@@ -105,14 +113,10 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   echo "start-up 13824: exit $?"
   ;;
 9)
-  # The pair tests on every backend, then before (.baseline) and after at 1,728 and 13,824.
-  timeout 110 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_pair_radials.py" \
-    > "$OUT/gpu_tests_9.txt" 2>&1
-  echo "pair-radial gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_9.txt"))"
-  TEST_TIMEOUT_S=1 BEFORE_BUDGET_S=110 AFTER_BUDGET_S=140 OUT="$OUT" \
-    bash tools/validation/perf_gpu.sh .baseline \
-    "mp0-medium/13824/fastmace-cueq,mp0-medium/1728/fastmace-cueq" \
-    "mp0-medium/13824/fastmace-cueq,mp0-medium/1728/fastmace-cueq"
+  # The pair tests on every backend, then before (.baseline) and after at 1,728 and 13,824
+  # (the general GPU tests skipped: a 1 s limit).
+  pair_tests 9
+  before_after 1 140 "mp0-medium/13824/fastmace-cueq,mp0-medium/1728/fastmace-cueq"
   ;;
 10)
   # torch.compile on the pair-shared model (cuEq's indexed convolution inside Dynamo).
