@@ -38,6 +38,19 @@ def test_each_replica_follows_its_own_stream_as_it_would_alone():
         )
 
 
+def test_systems_whose_cells_overlap_in_space_never_interact():
+    # The second system's atoms sit 0.3 Å from the first's: were they seen by each other's
+    # neighbour list, the forces would be enormous. Each follows its trajectory alone.
+    first, second = copper(), copper()
+    second.positions += 0.3
+    batch = fm.md([first, second], **COMMON)
+    for index, atoms in enumerate((first, second)):
+        alone = fm.md(atoms, **{**COMMON, "seed": COMMON["seed"] + index})
+        np.testing.assert_allclose(
+            batch.structures[index].positions, alone.structures[0].positions, rtol=0, atol=1e-9
+        )
+
+
 def test_per_system_settings_count_the_copies():
     result = fm.md(
         [copper(), copper()], replicas=2, **{**COMMON, "temperature_K": [300, 300, 900, 900]}
