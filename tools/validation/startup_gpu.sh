@@ -12,6 +12,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 9   # pair tests; before/after, .baseline
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 10  # torch.compile, 13,824 and 216
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 11  # D3 at 1,728 atoms only
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 12  # D3 and hybrid, next session
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -130,6 +131,17 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   timeout 170 python3 benchmarks/md_speed.py --out "$OUT/speed-d3" --budget-s 150 \
     --case-timeout-s 140 --only "mp0-medium/1728/fastmace-cueq-d3" > "$OUT/speed-d3.log" 2>&1
   echo "D3 1728: exit $?"
+  ;;
+12)
+  # The next session's first call: D3 in closed form with rarer searches beside the plain
+  # step, the hybrid backend with the pair sharing, then D3's profile.
+  timeout 330 python3 benchmarks/md_speed.py --out "$OUT/speed" --budget-s 310 \
+    --case-timeout-s 150 --force-errors > "$OUT/speed.log" 2>&1 --only \
+    "mp0-medium/1728/fastmace-cueq,mp0-medium/1728/fastmace-cueq-d3,mp0-medium/13824/fastmace-cueq-d3,mp0-medium/216/fastmace-hybrid,mp0-medium/13824/fastmace-hybrid"
+  echo "speed: exit $?"
+  timeout 200 python3 benchmarks/profile_step.py --dispersion --atoms 1728 --no-operators \
+    --timed-blocks 2 --out "$OUT/profile-d3" > "$OUT/profile-d3.log" 2>&1
+  echo "D3 profile: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
