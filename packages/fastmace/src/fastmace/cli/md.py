@@ -347,22 +347,21 @@ def read_config(path: Path) -> dict[str, Any]:
     if "sha256" in config and not isinstance(config["sha256"], str):
         raise ValueError(f"{path}: sha256 = {config['sha256']!r} must be a string of 64 hex digits")
     systems = config.pop("systems", None)
-    if systems is not None:
-        if "structure" in config:
-            raise ValueError(f"{path}: give either structure = ... or [[systems]] tables, not both")
-        config["structure"] = "[[systems]]"  # checked below as a whole
-    if "structure" not in config:
+    if systems is not None and "structure" in config:
+        raise ValueError(f"{path}: give either structure = ... or [[systems]] tables, not both")
+    if systems is None and "structure" not in config:
         raise ValueError(
             f"{path}: the key 'structure' (a structure file) or [[systems]] tables are required"
         )
-    if systems is None:
-        _check_kinds(path, config)
-    for key in ("structure", "output", "checkpoint"):
-        if key in config and not Path(config[key]).expanduser().is_absolute():
-            config[key] = str(path.parent / config[key])
-    if systems is not None:
+    if systems is not None:  # the tables' structures, their paths already resolved
         config.update(_systems(path, systems, config))
         _check_kinds(path, {**config, "structure": config["structure"][0]})
+    else:
+        _check_kinds(path, config)
+    for key in ("structure", "output", "checkpoint"):
+        value = config.get(key)
+        if isinstance(value, str) and not Path(value).expanduser().is_absolute():
+            config[key] = str(path.parent / value)
     return config
 
 

@@ -161,7 +161,7 @@ def check_repeat(units: list[ase.Atoms], repeat: Any) -> None:
         valid = False
     if not valid:
         raise RequestError(f"repeat must be three positive integers, got {repeat!r}", "repeat")
-    copies = counts[0] * counts[1] * counts[2]
+    copies = _repeat_copies(repeat)
     atoms = sum(len(unit) for unit in units) * copies
     if atoms > MAX_RUN_ATOMS:
         shown = "x".join(str(n) for n in counts)
@@ -177,12 +177,7 @@ def check_replicas(units: list[ase.Atoms], repeat: Any, replicas: Any) -> int:
     """``replicas`` as a positive integer whose copies stay within MAX_RUN_ATOMS atoms."""
     if not _whole_number(replicas) or replicas < 1:
         raise RequestError(f"replicas must be a positive integer, got {replicas!r}", "replicas")
-    if repeat is None:
-        copies = 1
-    else:
-        counts = (repeat,) * 3 if _whole_number(repeat) else tuple(repeat)
-        copies = counts[0] * counts[1] * counts[2]
-    atoms = sum(len(unit) for unit in units) * copies * replicas
+    atoms = sum(len(unit) for unit in units) * _repeat_copies(repeat) * replicas
     if atoms > MAX_RUN_ATOMS:
         raise RequestError(
             f"{replicas:,} replicas make {atoms:,} atoms; one run holds at most "
@@ -190,6 +185,14 @@ def check_replicas(units: list[ase.Atoms], repeat: Any, replicas: Any) -> int:
             "replicas",
         )
     return int(replicas)
+
+
+def _repeat_copies(repeat: Any) -> int:
+    """Copies of the cell a checked ``repeat`` makes (1 without one)."""
+    if repeat is None:
+        return 1
+    counts = (repeat,) * 3 if _whole_number(repeat) else tuple(int(n) for n in repeat)
+    return counts[0] * counts[1] * counts[2]
 
 
 def replicated(structures: list[ase.Atoms], replicas: int) -> list[ase.Atoms]:

@@ -44,27 +44,24 @@ class RandomStreams:
 
     def per_atom(self, *tail: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """(N, *tail) standard normal numbers, each system's rows from its own stream."""
+        return self._normal(self.atoms, tail, dtype, device)
+
+    def per_system(self, *tail: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """(S, *tail) standard normal numbers, row ``s`` from system ``s``'s stream."""
+        return self._normal((1,) * len(self.atoms), tail, dtype, device)
+
+    def _normal(
+        self, rows: tuple[int, ...], tail: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """``rows[s]`` rows of standard normal numbers per system, stacked in system order."""
         if self.shared:
             return torch.randn(
-                (sum(self.atoms), *tail), generator=self.generators[0], dtype=dtype, device=device
+                (sum(rows), *tail), generator=self.generators[0], dtype=dtype, device=device
             )
         return torch.cat(
             [
                 torch.randn((count, *tail), generator=generator, dtype=dtype, device=device)
-                for generator, count in zip(self.generators, self.atoms, strict=True)
-            ]
-        )
-
-    def per_system(self, *tail: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """(S, *tail) standard normal numbers, row ``s`` from system ``s``'s stream."""
-        if self.shared:
-            return torch.randn(
-                (len(self.atoms), *tail), generator=self.generators[0], dtype=dtype, device=device
-            )
-        return torch.cat(
-            [
-                torch.randn((1, *tail), generator=generator, dtype=dtype, device=device)
-                for generator in self.generators
+                for generator, count in zip(self.generators, rows, strict=True)
             ]
         )
 
