@@ -15,6 +15,8 @@ ROOT = Path(__file__).parent
 CORE = ROOT / "packages" / "fastmace"
 # The torch that CI and the development machines use (a CUDA 13 build; it also runs on the CPU).
 TORCH = "torch==2.14.1"
+# The GPU test machine's torch: the native wheel holds a library for it too, and CI proves it.
+TORCH_GPU_MACHINE = "torch==2.11.0"
 OEQ = "openequivariance==0.7.0"
 
 nox.options.sessions = ["lint", "tests", "native_wheel", "docs"]
@@ -104,12 +106,20 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def native_wheel(session: nox.Session) -> None:
-    """Build fastmace-oeq-ext locally (cp311, torch 2.14.1), check it, then the clean install.
+    """Build fastmace-oeq-ext locally (cp311; one library for torch 2.14 and one for 2.11), check
+    it, then the clean install once with each of those torches installed.
 
     Both scripts make their own venvs; the wheel lands in dist/oeq-wheels.
     """
     out = ROOT / "dist" / "oeq-wheels"
     for stale in out.glob("*.whl"):
         stale.unlink()
-    session.run("bash", str(ROOT / "tools/release/oeq_wheels/build.sh"), "--local", str(out))
-    session.run("bash", str(ROOT / "tools/release/clean_install.sh"), str(out))
+    session.run(
+        "bash", str(ROOT / "tools/release/oeq_wheels/build.sh"), "--local", str(out),
+        env={"EXTRA_TORCH": TORCH_GPU_MACHINE},
+    )  # fmt: skip
+    for torch in (TORCH, TORCH_GPU_MACHINE):
+        session.run(
+            "bash", str(ROOT / "tools/release/clean_install.sh"), str(out),
+            env={"CLEAN_INSTALL_TORCH": torch},
+        )  # fmt: skip

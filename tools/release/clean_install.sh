@@ -12,6 +12,9 @@
 # requires the prebuilt extension to be selected (and, on a GPU, loaded) and the sentinel log
 # to be empty. gcc (C) stays on PATH: Triton compiles a C launcher stub, a separate need.
 #
+# CLEAN_INSTALL_TORCH (default torch==2.14.1): the torch the fresh venv gets first, as a user's
+# would have; the wheel's library for that torch's minor version must be the one chosen.
+#
 # CLEAN_INSTALL_OFFLINE=1: no package index (the GPU test machine): the venv sees PYTHON's
 # packages and OEQ_SPEC (default openequivariance==0.7.0) may name OEq's source tree.
 set -euo pipefail
@@ -36,7 +39,7 @@ if [[ -z "$oeq_wheel" ]]; then
 fi
 core_wheel="$(ls "$wheel_dir"/fastmace-*.whl 2>/dev/null | head -n1 || true)"
 
-echo "== fresh venv ($python, offline=$offline)"
+echo "== fresh venv ($python, offline=$offline, ${CLEAN_INSTALL_TORCH:-torch==2.14.1})"
 if [[ "$offline" == 1 ]]; then
     # The venv sees the invoking Python's packages (which may themselves be a venv's).
     "$python" -m venv "$venv"
@@ -45,7 +48,7 @@ if [[ "$offline" == 1 ]]; then
         > "$purelib/_outer_environment.pth"
 else
     "$python" -m venv "$venv"
-    "$venv/bin/pip" install "${pip_args[@]}" "torch==2.14.1"
+    "$venv/bin/pip" install "${pip_args[@]}" "${CLEAN_INSTALL_TORCH:-torch==2.14.1}"
 fi
 torch_dir="$("$venv/bin/python" -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("torch").origin))')"
 oeq_spec="${OEQ_SPEC:-openequivariance==0.7.0}"
@@ -89,8 +92,10 @@ echo "== fastmace doctor"
 set +e
 "$venv/bin/fastmace" doctor --no-hash | tee "$work/doctor.txt"
 set -e
-grep -q "host extension: prebuilt (fastmace-oeq-ext" "$work/doctor.txt" || {
-    echo "clean_install: doctor did not select the prebuilt extension" >&2
+torch_minor="$("$venv/bin/python" -c 'import torch; print(".".join(torch.__version__.split(".")[:2]))')"
+grep -q "host extension: prebuilt (fastmace-oeq-ext .*, built for torch $torch_minor\." \
+    "$work/doctor.txt" || {
+    echo "clean_install: doctor did not select the prebuilt library for torch $torch_minor" >&2
     exit 1
 }
 

@@ -4,6 +4,7 @@ On a GPU it also converts the demo model to the hybrid backend (OpenEquivariance
 convolution with cuEquivariance), which fastmace checks against mace-torch's e3nn model at
 once (energy and forces within float32 rounding), and requires the extension to have been
 loaded from the prebuilt wheel. On the CPU it requires the wheel to have been selected.
+Either way the library chosen must be the one built for the running torch's minor version.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ def main() -> None:
     record = host_extension.record()
     if record is None or record.method != "prebuilt":
         raise SystemExit(f"smoke_run: the prebuilt extension was not selected: {record}")
+    # The wheel holds one library per torch minor: the one chosen must be this torch's.
+    minor = ".".join(torch.__version__.split(".")[:2])
+    if not (record.built_for_torch or "").startswith(f"{minor}."):
+        raise SystemExit(
+            f"smoke_run: torch {torch.__version__} got the library built for torch "
+            f"{record.built_for_torch}"
+        )
+    print(f"smoke_run: torch {torch.__version__}: library built for torch {record.built_for_torch}")
     if cuda:
         hybrid = fm.load("demo-emt-cu", backend="hybrid", device="cuda", dtype="float32")
         print(f"smoke_run: {hybrid.summary()}; check {hybrid.conversion_check}")

@@ -14,7 +14,8 @@
 # "fastmace[oeq]" from DIR with the index switched off and imports it: the proof.
 #
 # Environment: PYTHON (default python3.11: the wheels are for its version), EXTRAS (default
-# oeq), MAX_JOBS (compile jobs, default 2). Takes about ten minutes and several GB (torch's
+# oeq), EXTRA_TORCH (more torches for fastmace-oeq-ext to hold a library for, e.g.
+# "torch==2.11.0"; default none), MAX_JOBS (compile jobs, default 2). Takes about ten minutes and several GB (torch's
 # CUDA libraries are most of it).
 set -euo pipefail
 
@@ -35,8 +36,9 @@ echo "== our wheels: fastmace and fastmace-oeq-ext, from this checkout"
 "$python" -m venv "$work/build"
 "$work/build/bin/pip" install "${pip_args[@]}" "torch==2.14.1" "packaging>=23"
 "$work/build/bin/pip" wheel "${pip_args[@]}" --no-deps -w "$dir" "$root/packages/fastmace"
-BUILD_VENV="$work/build" PYTHON="$python" bash "$root/tools/release/oeq_wheels/build.sh" \
-    --local "$dir"
+# Its library for the wheelhouse's torch; EXTRA_TORCH adds others (build.sh).
+BUILD_VENV="$work/build" PYTHON="$python" EXTRA_TORCH="${EXTRA_TORCH:-}" \
+    bash "$root/tools/release/oeq_wheels/build.sh" --local "$dir"
 
 echo "== OpenEquivariance 0.7.0, built once against the build venv's torch"
 torch_dir="$("$work/build/bin/python" -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("torch").origin))')"

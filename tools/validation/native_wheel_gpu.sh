@@ -3,11 +3,14 @@
 # build fastmace-oeq-ext against that torch, run the clean-install check with the real GPU,
 # then exercise the toolchain path (FASTMACE_OEQ_PREBUILT=0): built, reused, raced.
 #
-# From the repository root, with .gpu/ carried (bundle.sh with the EXTRA wheels named in
-# docs/validation/native-wheel.md) and the core wheel in .gpu-core/:
-#   . .gpu/setup.sh && bash tools/validation/native_wheel_gpu.sh "$OUT"
+# From the repository root, with .gpu/ carried (bundle.sh, then gpu_extra_wheels.sh) and the
+# core wheel in .gpu-core/ (pip wheel --no-deps -w .gpu-core packages/fastmace):
+#   . .gpu/setup.sh && bash tools/validation/native_wheel_gpu.sh "$OUT" [prebuilt-only]
+# The wheel holds one library, for this machine's torch (there is no index to fetch others
+# from); prebuilt-only skips the toolchain part.
 set -euo pipefail
 out="$1"
+only_prebuilt="${2:-}"
 mkdir -p "$out/wheels"
 root="$PWD"
 export PYTHONPATH=/tmp/gpu-site            # mace and cuEquivariance; OEq gets installed
@@ -28,7 +31,7 @@ outer_venv() {  # a venv that also sees python3's packages (python3 may itself b
         > "$(cat /tmp/purelib)/_outer_environment.pth"
 }
 outer_venv /tmp/oeq-build-venv
-BUILD_VENV=/tmp/oeq-build-venv PYTHON=python3 \
+BUILD_VENV=/tmp/oeq-build-venv PYTHON=python3 EXTRA_TORCH="" \
     bash tools/release/oeq_wheels/build.sh --local "$out/wheels" 2>&1 | tee "$out/build.log" \
     | grep -v '^WARNING: Location'
 cp .gpu-core/fastmace-*.whl "$out/wheels/"
@@ -36,6 +39,8 @@ cp .gpu-core/fastmace-*.whl "$out/wheels/"
 echo "== clean install with the GPU"
 CLEAN_INSTALL_OFFLINE=1 bash tools/release/clean_install.sh "$out/wheels" python3 2>&1 \
     | tee "$out/clean_install.log"
+
+[[ "$only_prebuilt" == prebuilt-only ]] && exit 0
 
 echo "== toolchain path: FASTMACE_OEQ_PREBUILT=0"
 outer_venv /tmp/oeq-toolchain-venv

@@ -4,6 +4,8 @@ model."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -105,3 +107,42 @@ def demo():
     from fastmace.models.load import load
 
     return load("demo-emt-cu")
+
+
+PYTHON_TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+
+
+def lay_out_prebuilt(
+    site: Path, torches: Sequence[str], *, python_tag: str = PYTHON_TAG, cxx11_abi: bool = True
+) -> dict[str, Path]:
+    """An installed fastmace-oeq-ext (files and metadata, manifest version 2) under ``site``,
+    with one library per torch version in ``torches`` (``2.14.1+cu130``), standing in bytes
+    for the compiled ones. Returns each torch minor's library path."""
+    package = site / "fastmace_oeq_ext"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
+    libraries, entries = {}, []
+    for torch_version in torches:
+        minor = ".".join(torch_version.split("+")[0].split(".")[:2])
+        library = package / f"torch-{minor}" / "libtorch_tp_jit.so"
+        library.parent.mkdir()
+        library.write_bytes(f"stands in for the library built for torch {minor}".encode())
+        libraries[minor] = library
+        entries.append({
+            "torch": torch_version, "torch_minor": minor, "cuda": "13.0", "cxx11_abi": cxx11_abi,
+            "library": f"torch-{minor}/libtorch_tp_jit.so",
+            "sha256": hashlib.sha256(library.read_bytes()).hexdigest(),
+            "glibc_max": "2.28", "glibcxx_max": "3.4.24",
+        })  # fmt: skip
+    manifest = {
+        "manifest_version": 2, "openequivariance": "0.7.0", "pybind11": "3.1.0",
+        "python_tag": python_tag, "platform_tag": "manylinux_2_28_x86_64",
+        "compiler": "GNU 12.2.0", "libraries": entries,
+    }  # fmt: skip
+    (package / "manifest.json").write_text(json.dumps(manifest))
+    info = site / "fastmace_oeq_ext-0.7.0.post2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: fastmace-oeq-ext\nVersion: 0.7.0.post2\n"
+    )
+    return libraries

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -12,7 +11,7 @@ from importlib import util as importlib_util
 from pathlib import Path
 
 import pytest
-from conftest import run_fastmace, run_python, tree
+from conftest import lay_out_prebuilt, run_fastmace, run_python, tree
 
 import fastmace
 from fastmace.doctor import (
@@ -288,52 +287,31 @@ def test_the_checkout_is_the_installed_fastmace():
     assert Path(fastmace.__file__).resolve().is_relative_to(repo / "packages" / "fastmace")
 
 
-def _install_prebuilt(site: Path, torch_version: str) -> Path:
-    """Lay out an installed fastmace-oeq-ext (package files and metadata) under ``site``."""
-    package = site / "fastmace_oeq_ext"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")  # a regular package, found before site-packages
-    library = package / "libtorch_tp_jit.so"
-    library.write_bytes(b"stands in for the compiled library")
-    manifest = {
-        "torch": torch_version, "cuda": "13.0", "openequivariance": "0.7.0",
-        "pybind11": "3.1.0", "python_tag": f"cp{sys.version_info[0]}{sys.version_info[1]}",
-        "platform_tag": "manylinux_2_28_x86_64", "library": library.name,
-        "sha256": hashlib.sha256(library.read_bytes()).hexdigest(),
-        "compiler": "g++ 12.2.0", "glibc_max": "2.34",
-    }  # fmt: skip
-    (package / "manifest.json").write_text(json.dumps(manifest))
-    info = site / "fastmace_oeq_ext-0.7.0.post1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: fastmace-oeq-ext\nVersion: 0.7.0.post1\n"
-    )
-    return library
-
-
 def test_prebuilt_extension_needs_no_compiler(doctor_env, tmp_path):
     from fastmace.oeq.prebuilt import torch_full_version
 
-    library = _install_prebuilt(tmp_path / "site", torch_full_version())
+    here = torch_full_version()
+    libraries = lay_out_prebuilt(tmp_path / "site", ["2.11.0+cu130", here])
     doctor_env["PYTHONPATH"] = str(tmp_path / "site")
     doctor_env["FASTMACE_OEQ_PREBUILT"] = "1"
     line = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["OpenEquivariance"]
+    minor = ".".join(here.split(".")[:2])
     assert line == (
-        "[ok] openequivariance 0.7.0; host extension: prebuilt (fastmace-oeq-ext 0.7.0.post1, "
-        f"{library}); no compiler needed"
+        "[ok] openequivariance 0.7.0; host extension: prebuilt (fastmace-oeq-ext 0.7.0.post2, "
+        f"built for torch {here}, {libraries[minor]}); no compiler needed"
     )
 
 
 def test_mismatched_prebuilt_extension_is_explained(doctor_env, tmp_path):
-    _install_prebuilt(tmp_path / "site", "2.0.0+cu999")
+    lay_out_prebuilt(tmp_path / "site", ["2.0.0+cu130", "2.1.0+cu130"])
     doctor_env["PYTHONPATH"] = str(tmp_path / "site")
     line = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["OpenEquivariance"]
-    assert "not used" in line and "it was built for torch 2.0.0+cu999, but torch " in line
+    assert "not used" in line and "it holds libraries for torch 2.0, 2.1, and torch " in line
     doctor_env["FASTMACE_OEQ_PREBUILT"] = "1"
     refused = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["OpenEquivariance"]
     assert refused.startswith("[warn]")
     assert "FASTMACE_OEQ_PREBUILT=1 refuses the toolchain build" in refused
-    assert "built for torch 2.0.0+cu999" in refused
+    assert "install a torch it was built for (pip install 'torch==2.1.*')" in refused
 
 
 @pytest.mark.parametrize(

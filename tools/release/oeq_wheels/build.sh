@@ -4,9 +4,12 @@
 #   build.sh OUT_DIR           cibuildwheel: manylinux_2_28 x86_64, CPython 3.10-3.13 (needs
 #                              docker or podman); configuration in the project's pyproject.toml
 #   build.sh --local OUT_DIR   this machine's toolchain and python3.11 (or $PYTHON): a build
-#                              venv with torch 2.14.1, then auditwheel repair, finalise, check
+#                              venv with torch 2.14.1, one library for it and one for each
+#                              torch in EXTRA_TORCH, then auditwheel repair, finalise, check
 #
-# Environment: PYTHON (local build interpreter), TORCH_SPEC (default torch==2.14.1),
+# Environment: PYTHON (local build interpreter), TORCH_SPEC (the build venv's torch, default
+# torch==2.14.1), EXTRA_TORCH (more torches to build against, fetched for their headers and
+# libraries only; default "torch==2.11.0"; "" for none),
 # BUILD_VENV / BUILD_DIR (reuse a build venv / CMake build directory), WHEELHOUSE (extra
 # --find-links; with PIP_NO_INDEX=1 on machines without a package index), OEQ_SPEC (what to
 # install as openequivariance 0.7.0: the release, or its unpacked source tree).
@@ -34,6 +37,7 @@ if [[ $local_build -eq 0 ]]; then
         exit 2
     fi
     python3 -m pip install --quiet "cibuildwheel>=3,<4"
+    cd "$root"  # {project} in the configuration's commands: the repository root
     exec python3 -m cibuildwheel "$project" --output-dir "$out"
 fi
 
@@ -66,6 +70,14 @@ fi
 "$venv/bin/pip" install "${pip_args[@]}" "${oeq_args[@]}" "$oeq_spec" \
     -C "cmake.define.FETCHCONTENT_SOURCE_DIR_LIBTORCH=$torch_dir" \
     -C cmake.define.CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON
+
+extra_torch="${EXTRA_TORCH-torch==2.11.0}"
+if [[ -n "$extra_torch" ]]; then
+    echo "== fetch $extra_torch (headers and libraries)"
+    # shellcheck disable=SC2086  # one argument per requirement
+    FASTMACE_OEQ_TORCH_TREES="$("$venv/bin/python" "$here/fetch_torch.py" --into "$scratch/torches" $extra_torch)"
+    export FASTMACE_OEQ_TORCH_TREES
+fi
 
 echo "== compile (MAX_JOBS=${MAX_JOBS:-2})"
 export CMAKE_BUILD_PARALLEL_LEVEL="${MAX_JOBS:-2}"

@@ -1,9 +1,9 @@
 """Refresh ``manifest.json`` inside repaired fastmace-oeq-ext wheels.
 
-``auditwheel repair`` retags the wheel and may rewrite the library; the manifest must describe
-the file users install. For each wheel in WHEEL_DIR this recomputes the library's SHA-256,
-symbol versions and platform tag (via the project's write_manifest.py) and rewrites the
-manifest and its RECORD line in place.
+``auditwheel repair`` retags the wheel and may rewrite the libraries; the manifest must
+describe the files users install. For each wheel in WHEEL_DIR this recomputes every library's
+SHA-256 and symbol versions and the platform tag (via the project's write_manifest.py) and
+rewrites the manifest and its RECORD line in place.
 
     python finalise.py WHEEL_DIR
 """
@@ -35,13 +35,15 @@ def platform_tag(wheel: Path) -> str:
 def finalise(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         entries = {info.filename: archive.read(info) for info in archive.infolist()}
+    libraries = [name for name in entries if name.endswith("/libtorch_tp_jit.so")]
     with tempfile.TemporaryDirectory() as scratch:
+        for name in [*libraries, f"{PACKAGE}/manifest.json"]:
+            path = Path(scratch, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(entries[name])
         package_dir = Path(scratch, PACKAGE)
-        package_dir.mkdir()
-        for name in ("libtorch_tp_jit.so", "manifest.json"):
-            (package_dir / name).write_bytes(entries[f"{PACKAGE}/{name}"])
         subprocess.run(
-            [sys.executable, str(WRITE_MANIFEST), str(package_dir / "libtorch_tp_jit.so"),
+            [sys.executable, str(WRITE_MANIFEST), str(package_dir),
              "--update", "--platform-tag", platform_tag(wheel)],
             check=True,
         )  # fmt: skip

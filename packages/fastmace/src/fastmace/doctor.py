@@ -208,7 +208,8 @@ def check_openequivariance(ctx: DoctorContext) -> str:
         assert found.prebuilt is not None
         line = (
             f"openequivariance {version}; host extension: prebuilt (fastmace-oeq-ext "
-            f"{found.prebuilt.version}, {found.prebuilt.library}); no compiler needed"
+            f"{found.prebuilt.version}, built for torch {found.prebuilt.built_for_torch}, "
+            f"{found.prebuilt.library}); no compiler needed"
         )
         if problems:
             raise CheckFailed(f"{line}; but " + "; ".join(problems))

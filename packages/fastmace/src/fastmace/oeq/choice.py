@@ -62,7 +62,11 @@ def choose_host_extension(environ: Mapping[str, str] | None = None) -> HostExten
         )
 
     if extension is not None:
-        return choice(PREBUILT, f"fastmace-oeq-ext {extension.version} matches this environment")
+        return choice(
+            PREBUILT,
+            f"fastmace-oeq-ext {extension.version} matches this environment (its library for "
+            f"torch {extension.built_for_torch})",
+        )
     if setting is True:
         return choice(
             UNAVAILABLE,

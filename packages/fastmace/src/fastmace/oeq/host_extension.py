@@ -70,6 +70,8 @@ class OeqExtensionRecord:
     reason: str = ""
     method: str | None = None
     prebuilt_skipped: str | None = None
+    built_for_torch: str | None = None
+    """For the prebuilt library chosen: the torch it was compiled against (its manifest)."""
     key: str | None = None
     cuda_home: str | None = None
     variables: dict[str, str] = field(default_factory=dict)
@@ -80,8 +82,10 @@ class OeqExtensionRecord:
                             build_cache.RACED, IN_PROCESS)  # fmt: skip
 
     def summary(self) -> str:
-        """``host extension: prebuilt (<path>)`` or ``host extension: built (<path>)``..."""
-        where = f" ({self.path})" if self.path else ""
+        """``host extension: prebuilt (<path>, built for torch 2.11.0+cu130)``, or
+        ``host extension: built (<path>)``..."""
+        built_for = f", built for torch {self.built_for_torch}" if self.built_for_torch else ""
+        where = f" ({self.path}{built_for})" if self.path else ""
         why = f": {self.reason}" if self.reason and not self.loaded else ""
         return f"host extension: {self.how}{where}{why}"
 
@@ -162,8 +166,9 @@ def prepare_in_process() -> OeqExtensionRecord | None:
     # OEq creates its build directory under it even to look for a lock: removed at exit.
     atexit.register(_remove_private_dir)
     _record = OeqExtensionRecord(
-        method=found.method, prebuilt_skipped=found.prebuilt_skipped, reason=found.reason
-    )
+        method=found.method, prebuilt_skipped=found.prebuilt_skipped, reason=found.reason,
+        built_for_torch=found.prebuilt.built_for_torch if found.prebuilt else None,
+    )  # fmt: skip
     # A fresh per-process directory: a stale build lock elsewhere cannot stall the import.
     _record.variables = {"TORCH_EXTENSIONS_DIR": str(_private_extensions_dir(oeq_cache))}
     if found.usable and found.driver is not None:
