@@ -13,6 +13,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 10  # torch.compile, 13,824 and 216
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 11  # D3 at 1,728 atoms only
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 12  # D3 and hybrid, next session
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 13  # hybrid and D3 profiles, 13,824
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -142,6 +143,15 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   timeout 200 python3 benchmarks/profile_step.py --dispersion --atoms 1728 --no-operators \
     --timed-blocks 2 --out "$OUT/profile-d3" > "$OUT/profile-d3.log" 2>&1
   echo "D3 profile: exit $?"
+  ;;
+13)
+  # Why the hybrid backend is 1.47x cuEq at 13,824 atoms, and D3's cost there, by kernel.
+  timeout 220 python3 benchmarks/profile_step.py --backend hybrid --atoms 13824 --no-operators \
+    --timed-blocks 2 --out "$OUT/profile-hybrid" > "$OUT/profile-hybrid.log" 2>&1
+  echo "hybrid profile: exit $?"
+  timeout 260 python3 benchmarks/profile_step.py --dispersion --atoms 13824 --no-operators \
+    --timed-blocks 2 --out "$OUT/profile-d3-13824" > "$OUT/profile-d3-13824.log" 2>&1
+  echo "D3 profile 13824: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
