@@ -39,7 +39,9 @@ if [[ -z "$oeq_wheel" ]]; then
 fi
 core_wheel="$(ls "$wheel_dir"/fastmace-*.whl 2>/dev/null | head -n1 || true)"
 
-echo "== fresh venv ($python, offline=$offline, ${CLEAN_INSTALL_TORCH:-torch==2.14.1})"
+torch_source="${CLEAN_INSTALL_TORCH:-torch==2.14.1}"
+[[ "$offline" == 1 ]] && torch_source="the torch of $python's environment"
+echo "== fresh venv ($python, offline=$offline, $torch_source)"
 if [[ "$offline" == 1 ]]; then
     # The venv sees the invoking Python's packages (which may themselves be a venv's).
     "$python" -m venv "$venv"
