@@ -72,3 +72,26 @@ def test_ladders_are_checked():
         ReplicaExchange.start(torch.tensor([1.0], dtype=torch.float64), torch.Generator())
     ladder = geometric_ladder(300.0, 1200.0, 3)
     assert ladder == pytest.approx([300.0, 600.0, 1200.0])
+
+
+def test_fm_md_runs_replica_exchange_between_replicas():
+    import ase.build
+
+    import fastmace as fm
+
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
+    ladder = fm.geometric_ladder(300.0, 420.0, 4)
+    result = fm.md(
+        atoms, model="demo-emt-cu", ensemble="nvt-csvr", temperature_K=ladder, replicas=4,
+        exchange_every=5, steps=100, thermo_every=50, seed=3,
+    )  # fmt: skip
+    assert len(result.structures) == 4
+    line = next(line for line in result.report.splitlines() if line.startswith("exchange:"))
+    rates = [float(rate) for rate in line.split("pair ")[1].split(" (")[0].split(", ")]
+    assert len(rates) == 3 and all(0.0 < rate <= 1.0 for rate in rates), line
+    with pytest.raises(ValueError, match="lowest first"):
+        fm.md(atoms, model="demo-emt-cu", temperature_K=ladder[::-1], replicas=4,
+              exchange_every=5, steps=5)  # fmt: skip
+    with pytest.raises(ValueError, match="copies of one structure"):
+        fm.md([atoms, atoms[:16]], model="demo-emt-cu", temperature_K=[300, 400],
+              exchange_every=5, steps=5)  # fmt: skip

@@ -31,6 +31,7 @@ from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
 from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.replica_exchange import ReplicaExchange
 from fastmace.dynamics.state import State
 from fastmace.dynamics.thermo import thermo_rows
 from fastmace.io import Progress, RunDirectory, RunOutput
@@ -157,6 +158,7 @@ class Simulation:
                 if guard.enabled
                 else None
             )  # fmt: skip
+            self.exchange = self._replica_exchange(md, state, resume)
             self.engine = Engine(
                 md,
                 settings.ensemble.step,
@@ -316,6 +318,40 @@ class Simulation:
             self.last_restart = step
         return rows
 
+    def _replica_exchange(self, md: Any, state: State, resume: bool) -> ReplicaExchange | None:
+        """The ladder and its swap statistics, when the run exchanges (host-side checks)."""
+        if not self.settings.exchange_every:
+            return None
+        if resume:
+            raise ValueError("a replica-exchange run cannot be resumed yet; start it again")
+        if not hasattr(md, "kT"):
+            raise ValueError(
+                f"replica exchange needs a thermostat; the {self.settings.ensemble.name} "
+                "ensemble has none (use nvt, nvt-csvr or nvt-nose-hoover)"
+            )
+        numbers = [tuple(int(z) for z in state.atomic_numbers[state.system == s].tolist())
+                   for s in range(state.n_systems)]  # fmt: skip
+        if len(set(numbers)) != 1:
+            raise ValueError(
+                "replica exchange swaps temperatures between copies of one structure: give "
+                "one structure with replicas=N and temperature_K=[one per replica]"
+            )
+        generator = torch.Generator(device=state.device)
+        generator.manual_seed(self.settings.seed + state.n_systems)  # apart from the systems'
+        try:
+            return ReplicaExchange.start(md.kT.clone(), generator)
+        except ValueError as error:
+            raise ValueError(
+                f"{error}: give temperature_K as one value per replica, lowest first"
+            ) from None
+
+    def _exchange(self) -> None:
+        """One round of swaps on the device: new targets, velocities scaled (no sync)."""
+        md, exchange = self.engine.md, self.exchange
+        scale = exchange.exchange(md.energy)
+        md.kT.copy_(exchange.ladder_kT[exchange.rung])
+        md.state.velocities.mul_(scale[md.state.system, None])
+
     def _follow_schedule(self, first_step: int, steps: int) -> None:
         """Set the next block's targets from the temperature and pressure schedules: fills on
         the device, read by the captured block like any other input (no sync)."""
@@ -379,6 +415,8 @@ class Simulation:
                 if self.engine.last_launch == "capture" and "capture_s" not in self.timings:
                     self.timings["capture_s"] = elapsed
                 step += steps
+                if self.exchange is not None and step % settings.exchange_every == 0:
+                    self._exchange()
                 rows = self._write_outputs(step, final=step == total) or rows
                 progress.update(step)
         except BaseException as error:
