@@ -95,3 +95,42 @@ def test_fm_md_runs_replica_exchange_between_replicas():
     with pytest.raises(ValueError, match="copies of one structure"):
         fm.md([atoms, atoms[:16]], model="demo-emt-cu", temperature_K=[300, 400],
               exchange_every=5, steps=5)  # fmt: skip
+
+
+def test_a_resumed_exchange_run_continues_exactly(tmp_path):
+    """Killed at step 20 (its restart) and resumed to 40: the same rungs, acceptances and
+    final structures as one run of 40 steps; the thermo log names each walker's rung."""
+    import csv
+
+    import ase.build
+    import numpy as np
+
+    import fastmace as fm
+
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
+    common = dict(
+        model="demo-emt-cu", ensemble="nvt", temperature_K=fm.geometric_ladder(300, 500, 4),
+        replicas=4, exchange_every=5, thermo_every=5, restart_every=20, trajectory_every=0,
+        seed=11,
+    )  # fmt: skip
+    whole = fm.md(atoms, steps=40, output=tmp_path / "whole", **common)
+    fm.md(atoms, steps=20, output=tmp_path / "pieces", **common)
+    resumed = fm.md(atoms, steps=40, output=tmp_path / "pieces", resume=True, **common)
+
+    def exchange_line(result):
+        return next(line for line in result.report.splitlines() if line.startswith("exchange:"))
+
+    assert exchange_line(resumed) == exchange_line(whole)
+    for one, other in zip(whole.structures, resumed.structures, strict=True):
+        np.testing.assert_array_equal(one.positions, other.positions)
+    logs = [
+        list(csv.DictReader((tmp_path / run / "thermo.csv").open())) for run in ("whole", "pieces")
+    ]
+    for log in logs:
+        for row in log:
+            del row["ns_per_day"]  # the speed of the moment: differs between any two runs
+    assert logs[0] == logs[1]
+    rungs = [int(row["rung"]) for row in logs[0]]
+    for output in range(0, len(rungs), 4):  # a permutation of the ladder at every output
+        assert sorted(rungs[output : output + 4]) == [0, 1, 2, 3]
+    assert rungs[-4:] != [0, 1, 2, 3]  # and walkers did move along it

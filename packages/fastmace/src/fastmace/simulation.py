@@ -158,6 +158,7 @@ class Simulation:
                 if guard.enabled
                 else None
             )  # fmt: skip
+            self._restart_payload = restart.payload if restart is not None else None
             self.exchange = self._replica_exchange(md, state, resume)
             self.engine = Engine(
                 md,
@@ -271,6 +272,7 @@ class Simulation:
             "time_fs": self.time_fs(step),
             "physics": self.physics,
             "guard": self.guard.references() if self.guard is not None else None,
+            "exchange": self.exchange.saved() if self.exchange is not None else None,
         }
 
     def _restore(self, md: Any, payload: dict[str, Any]) -> None:
@@ -301,6 +303,9 @@ class Simulation:
         rows: list[dict[str, Any]] = []
         if schedule.thermo_due(step) or final:
             rows = thermo_rows(md, self.engine.force_field.stress_at, step, time_fs)
+            if self.exchange is not None:  # which rung of the ladder each walker is at
+                for row, rung in zip(rows, self.exchange.rung.tolist(), strict=True):
+                    row["rung"] = rung
         if self.output is None:
             return rows
         writes_frames = self.output.trajectory_path is not None  # not with format "none"
@@ -322,8 +327,6 @@ class Simulation:
         """The ladder and its swap statistics, when the run exchanges (host-side checks)."""
         if not self.settings.exchange_every:
             return None
-        if resume:
-            raise ValueError("a replica-exchange run cannot be resumed yet; start it again")
         if not hasattr(md, "kT"):
             raise ValueError(
                 f"replica exchange needs a thermostat; the {self.settings.ensemble.name} "
@@ -338,12 +341,24 @@ class Simulation:
             )
         generator = torch.Generator(device=state.device)
         generator.manual_seed(self.settings.seed + state.n_systems)  # apart from the systems'
+        saved = (self._restart_payload or {}).get("exchange") if resume else None
+        if resume and saved is None:
+            raise ValueError(
+                "the restart was written by a run without replica exchange: resume it without "
+                "exchange_every, or start a new run"
+            )
+        # A fresh run's walker s starts at rung s, so md.kT is the ladder; a resumed md.kT
+        # holds each walker's present rung, and the ladder comes from the restart.
+        ladder = md.kT.clone() if saved is None else torch.as_tensor(saved["ladder_kT"])
         try:
-            return ReplicaExchange.start(md.kT.clone(), generator)
+            exchange = ReplicaExchange.start(ladder.to(md.kT), generator)
         except ValueError as error:
             raise ValueError(
                 f"{error}: give temperature_K as one value per replica, lowest first"
             ) from None
+        if saved is not None:
+            exchange.restore(saved)
+        return exchange
 
     def _exchange(self) -> None:
         """One round of swaps on the device: new targets, velocities scaled (no sync)."""

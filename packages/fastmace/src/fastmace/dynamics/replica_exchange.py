@@ -15,6 +15,7 @@ inside a captured block. The uniform numbers come from a generator of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -57,6 +58,29 @@ class ReplicaExchange:
             parity=torch.zeros((), dtype=torch.int64, device=device),
             generator=generator,
         )
+
+    def saved(self) -> dict[str, Any]:
+        """Everything a restart needs to continue the exchanges exactly (host arrays)."""
+        return {
+            "ladder_kT": self.ladder_kT.detach().cpu().numpy(),
+            "rung": self.rung.cpu().numpy(),
+            "attempts": self.attempts.cpu().numpy(),
+            "accepted": self.accepted.cpu().numpy(),
+            "parity": int(self.parity),
+            "generator": bytes(self.generator.get_state().cpu().numpy()),
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Continue from ``saved`` (what ``saved()`` returned), in place."""
+        if len(saved["rung"]) != self.rung.shape[0]:
+            raise ValueError(
+                f"the restart's ladder has {len(saved['rung'])} rungs and this run has "
+                f"{self.rung.shape[0]} replicas"
+            )
+        for name in ("rung", "attempts", "accepted"):
+            getattr(self, name).copy_(torch.as_tensor(saved[name]))
+        self.parity.fill_(int(saved["parity"]))
+        self.generator.set_state(torch.frombuffer(bytearray(saved["generator"]), dtype=torch.uint8))
 
     def walkers(self) -> torch.Tensor:
         """(M,) the walker at each rung (the inverse of ``rung``)."""
