@@ -326,6 +326,11 @@ class Simulation:
     def _replica_exchange(self, md: Any, state: State, resume: bool) -> ReplicaExchange | None:
         """The ladder and its swap statistics, when the run exchanges (host-side checks)."""
         if not self.settings.exchange_every:
+            if resume and (self._restart_payload or {}).get("exchange") is not None:
+                raise ValueError(
+                    "the restart was written by a replica-exchange run: resume it with the "
+                    "same exchange_every"
+                )
             return None
         if not hasattr(md, "kT"):
             raise ValueError(

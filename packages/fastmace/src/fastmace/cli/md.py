@@ -150,8 +150,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="replica exchange between the replicas every N steps; --temperature gives one "
-        "temperature per replica, lowest first (default: %(default)s, none)",
+        help="replica exchange between the replicas every N steps, 0 for none; --temperature "
+        "gives one temperature per replica, lowest first (default: %(default)s)",
     )
     md.add_argument(
         "--replicas",
