@@ -30,6 +30,7 @@ _LAZY = {
     "RunnerConfig": ("fastmace.runner", "RunnerConfig"),
     "TemperatureSchedule": ("fastmace.protocol", "TemperatureSchedule"),
     "PressureSchedule": ("fastmace.protocol", "PressureSchedule"),
+    "geometric_ladder": ("fastmace.dynamics.replica_exchange", "geometric_ladder"),
 }
 
 
@@ -63,6 +64,7 @@ __all__ = [
     "Workload",
     "__version__",
     "calculator",
+    "geometric_ladder",
     "load",
     "md",
     "relax",

@@ -128,6 +128,7 @@ def md(
     seed: int = 0,
     repeat: Sequence[int] | int | None = None,
     replicas: int = 1,
+    exchange_every: int = 0,
     initial_temperature_K: float | None = None,
     trajectory_every: int = 100,
     thermo_every: int = 100,
@@ -180,6 +181,11 @@ def md(
     each other), each drawing from its own random stream: system ``s`` of a batch, copy or
     not, draws from ``seed + s``, so it follows the trajectory it would follow alone with that
     seed. Settings given per system (``temperature_K=[...]``) count the copies.
+
+    ``exchange_every=N`` runs replica exchange (parallel tempering) between the copies of one
+    structure: ``temperature_K`` gives one temperature per replica, lowest first (for instance
+    ``fm.geometric_ladder(300, 600, 8)`` with ``replicas=8``), and every N steps neighbouring
+    rungs swap temperatures by the Metropolis criterion, decided on the device.
 
     ``dispersion="d3bj"`` adds D3(BJ) dispersion (two-body, mace-torch's
     ``mace_mp(dispersion=True)`` cutoffs) with the parameters of the functional the model's
@@ -298,6 +304,7 @@ def md(
         pressure_schedule=pressures,
         dispersion=dispersion,
         dispersion_functional=dispersion_functional,
+        exchange_every=exchange_every,
     )
     with _planned_environment(plan):
         tick = time.perf_counter()

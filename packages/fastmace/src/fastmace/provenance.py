@@ -403,6 +403,15 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         " ns/day (steady blocks; warm-up and capture count as start-up)"
     )
     lines.append(f"start-up:  {startup_summary(result.timings)}")
+    exchange = getattr(simulation, "exchange", None)
+    if exchange is not None:
+        tried = exchange.attempts.tolist()
+        made = exchange.accepted.tolist()
+        rates = ", ".join(f"{m / t:.2f}" if t else "-" for m, t in zip(made, tried, strict=True))
+        lines.append(
+            f"exchange:  every {simulation.settings.exchange_every} steps; acceptance per "
+            f"neighbouring pair {rates} ({sum(tried)} tried)"
+        )
     many = len(result.thermo) > 1
     for index, last in enumerate(result.thermo[:MAX_SYSTEMS_REPORTED]):
         state = f"T = {last.get('temperature_K', float('nan')):.1f} K"

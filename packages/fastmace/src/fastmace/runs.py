@@ -42,12 +42,23 @@ class RunSettings:
     """An extra dispersion term: "d3bj" (D3 with Becke-Johnson damping) or None."""
     dispersion_functional: str | None = None
     """Its parameter set ("pbe", ...); None: the one the label table gives the model's head."""
+    exchange_every: int = 0
+    """Replica exchange: swap temperatures between neighbouring rungs every this many steps
+    (0: never); the systems' ascending ``temperature_K`` are the ladder."""
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
             raise ValueError(f"steps must be a non-negative whole number, got {self.steps!r}")
         for schedule in self.schedules():
             schedule.check_ensemble(self.ensemble.name)
+        every = self.exchange_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(f"exchange_every must be a whole number >= 0, got {every!r}")
+        if every and self.temperature_schedule is not None:
+            raise ValueError(
+                "replica exchange swaps the systems' temperatures: it cannot follow a "
+                "temperature schedule too; give one or the other"
+            )
 
     def schedules(self) -> list[TemperatureSchedule]:
         """The run's temperature and pressure schedules, those it has."""
@@ -58,6 +69,8 @@ class RunSettings:
         """``block_steps`` (K), shortened so that every output interval is whole blocks and
         every change of a stepwise schedule falls on a block's start."""
         intervals = [v for v in dataclasses.asdict(self.schedule).values() if v > 0]
+        if self.exchange_every > 0:
+            intervals.append(self.exchange_every)
         for schedule in self.schedules():
             intervals += list(schedule.change_steps())
         return math.gcd(block_steps, *intervals)

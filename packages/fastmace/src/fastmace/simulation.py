@@ -31,6 +31,7 @@ from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
 from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.replica_exchange import ReplicaExchange
 from fastmace.dynamics.state import State
 from fastmace.dynamics.thermo import thermo_rows
 from fastmace.io import Progress, RunDirectory, RunOutput
@@ -157,6 +158,8 @@ class Simulation:
                 if guard.enabled
                 else None
             )  # fmt: skip
+            self._restart_payload = restart.payload if restart is not None else None
+            self.exchange = self._replica_exchange(md, state, resume)
             self.engine = Engine(
                 md,
                 settings.ensemble.step,
@@ -269,6 +272,7 @@ class Simulation:
             "time_fs": self.time_fs(step),
             "physics": self.physics,
             "guard": self.guard.references() if self.guard is not None else None,
+            "exchange": self.exchange.saved() if self.exchange is not None else None,
         }
 
     def _restore(self, md: Any, payload: dict[str, Any]) -> None:
@@ -299,6 +303,9 @@ class Simulation:
         rows: list[dict[str, Any]] = []
         if schedule.thermo_due(step) or final:
             rows = thermo_rows(md, self.engine.force_field.stress_at, step, time_fs)
+            if self.exchange is not None:  # which rung of the ladder each walker is at
+                for row, rung in zip(rows, self.exchange.rung.tolist(), strict=True):
+                    row["rung"] = rung
         if self.output is None:
             return rows
         writes_frames = self.output.trajectory_path is not None  # not with format "none"
@@ -315,6 +322,55 @@ class Simulation:
             self.output.write_restart(step, self._payload(step))
             self.last_restart = step
         return rows
+
+    def _replica_exchange(self, md: Any, state: State, resume: bool) -> ReplicaExchange | None:
+        """The ladder and its swap statistics, when the run exchanges (host-side checks)."""
+        if not self.settings.exchange_every:
+            if resume and (self._restart_payload or {}).get("exchange") is not None:
+                raise ValueError(
+                    "the restart was written by a replica-exchange run: resume it with the "
+                    "same exchange_every"
+                )
+            return None
+        if not hasattr(md, "kT"):
+            raise ValueError(
+                f"replica exchange needs a thermostat; the {self.settings.ensemble.name} "
+                "ensemble has none (use nvt, nvt-csvr or nvt-nose-hoover)"
+            )
+        numbers = [tuple(int(z) for z in state.atomic_numbers[state.system == s].tolist())
+                   for s in range(state.n_systems)]  # fmt: skip
+        if len(set(numbers)) != 1:
+            raise ValueError(
+                "replica exchange swaps temperatures between copies of one structure: give "
+                "one structure with replicas=N and temperature_K=[one per replica]"
+            )
+        generator = torch.Generator(device=state.device)
+        generator.manual_seed(self.settings.seed + state.n_systems)  # apart from the systems'
+        saved = (self._restart_payload or {}).get("exchange") if resume else None
+        if resume and saved is None:
+            raise ValueError(
+                "the restart was written by a run without replica exchange: resume it without "
+                "exchange_every, or start a new run"
+            )
+        # A fresh run's walker s starts at rung s, so md.kT is the ladder; a resumed md.kT
+        # holds each walker's present rung, and the ladder comes from the restart.
+        ladder = md.kT.clone() if saved is None else torch.as_tensor(saved["ladder_kT"])
+        try:
+            exchange = ReplicaExchange.start(ladder.to(md.kT), generator)
+        except ValueError as error:
+            raise ValueError(
+                f"{error}: give temperature_K as one value per replica, lowest first"
+            ) from None
+        if saved is not None:
+            exchange.restore(saved)
+        return exchange
+
+    def _exchange(self) -> None:
+        """One round of swaps on the device: new targets, velocities scaled (no sync)."""
+        md, exchange = self.engine.md, self.exchange
+        scale = exchange.exchange(md.energy)
+        md.kT.copy_(exchange.ladder_kT[exchange.rung])
+        md.state.velocities.mul_(scale[md.state.system, None])
 
     def _follow_schedule(self, first_step: int, steps: int) -> None:
         """Set the next block's targets from the temperature and pressure schedules: fills on
@@ -379,6 +435,8 @@ class Simulation:
                 if self.engine.last_launch == "capture" and "capture_s" not in self.timings:
                     self.timings["capture_s"] = elapsed
                 step += steps
+                if self.exchange is not None and step % settings.exchange_every == 0:
+                    self._exchange()
                 rows = self._write_outputs(step, final=step == total) or rows
                 progress.update(step)
         except BaseException as error:

@@ -33,8 +33,8 @@ from fastmace.vocabulary import (
 # Keys of a run config (TOML) besides the ensemble settings: fm.md's other arguments.
 RUN_KEYS = (
     "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
-    "repeat", "replicas", "initial_temperature_K", "trajectory_every", "thermo_every",
-    "restart_every",
+    "repeat", "replicas", "exchange_every", "initial_temperature_K", "trajectory_every",
+    "thermo_every", "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
     "block_steps", "skin_A", "graphs", "compile", "matmul_precision", "resume", "check", "guard",
     "temperature_schedule", "pressure_schedule",
@@ -143,6 +143,15 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         type=_repeat,
         metavar="N|A,B,C",
         help="supercell, e.g. 3 or 4,4,2 (default: none)",
+    )
+    md.add_argument(
+        "--exchange-every",
+        dest="exchange_every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="replica exchange between the replicas every N steps, 0 for none; --temperature "
+        "gives one temperature per replica, lowest first (default: %(default)s)",
     )
     md.add_argument(
         "--replicas",

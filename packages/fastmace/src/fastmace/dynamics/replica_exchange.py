@@ -1,0 +1,138 @@
+"""Replica exchange (parallel tempering): temperature swaps between neighbouring rungs of a
+ladder, decided on the device.
+
+The batch's systems are walkers, one per rung of an ascending ladder of temperatures. An
+exchange tries the pairs of neighbouring rungs (0, 1), (2, 3), ... or (1, 2), (3, 4), ...,
+alternately, and swaps the temperatures of a pair's two walkers with the Metropolis
+probability min(1, exp((1/kT_i - 1/kT_j) (E_i - E_j))), which leaves the joint canonical
+distribution of the ladder invariant. A walker that changes rung has its velocities scaled by
+sqrt(T_new / T_old), so its kinetic energy is canonical at its new temperature too.
+
+Everything is tensor work of fixed shape with no host synchronisation: an exchange can sit
+inside a captured block. The uniform numbers come from a generator of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ReplicaExchange:
+    """The ladder, which walker holds which rung, and the swap statistics.
+
+    Attributes:
+        ladder_kT: (M,) ascending k_B T of the rungs, in eV.
+        rung: (S = M,) int64, the rung each walker (system) is at: a permutation.
+        attempts: (M - 1,) int64, swaps tried between rungs t and t + 1.
+        accepted: (M - 1,) int64, swaps made between rungs t and t + 1.
+        parity: () int64, which pairs the next exchange tries (0: those starting at even rungs).
+        generator: where the uniform numbers of the Metropolis tests come from.
+    """
+
+    ladder_kT: torch.Tensor
+    rung: torch.Tensor
+    attempts: torch.Tensor
+    accepted: torch.Tensor
+    parity: torch.Tensor
+    generator: torch.Generator
+
+    @classmethod
+    def start(cls, ladder_kT: torch.Tensor, generator: torch.Generator) -> ReplicaExchange:
+        """Walker s at rung s; host-side checks of the ladder."""
+        if ladder_kT.dim() != 1 or ladder_kT.shape[0] < 2:
+            raise ValueError("replica exchange needs a ladder of at least two temperatures")
+        if not bool((ladder_kT[1:] > ladder_kT[:-1]).all()) or not bool((ladder_kT > 0).all()):
+            raise ValueError("the temperature ladder must be positive and strictly ascending")
+        device = ladder_kT.device
+        rungs = ladder_kT.shape[0]
+        zeros = torch.zeros(rungs - 1, dtype=torch.int64, device=device)
+        return cls(
+            ladder_kT=ladder_kT,
+            rung=torch.arange(rungs, device=device),
+            attempts=zeros,
+            accepted=zeros.clone(),
+            parity=torch.zeros((), dtype=torch.int64, device=device),
+            generator=generator,
+        )
+
+    def saved(self) -> dict[str, Any]:
+        """Everything a restart needs to continue the exchanges exactly (host arrays)."""
+        return {
+            "ladder_kT": self.ladder_kT.detach().cpu().numpy(),
+            "rung": self.rung.cpu().numpy(),
+            "attempts": self.attempts.cpu().numpy(),
+            "accepted": self.accepted.cpu().numpy(),
+            "parity": int(self.parity),
+            "generator": bytes(self.generator.get_state().cpu().numpy()),
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Continue from ``saved`` (what ``saved()`` returned), in place."""
+        if len(saved["rung"]) != self.rung.shape[0]:
+            raise ValueError(
+                f"the restart's ladder has {len(saved['rung'])} rungs and this run has "
+                f"{self.rung.shape[0]} replicas"
+            )
+        for name in ("rung", "attempts", "accepted"):
+            getattr(self, name).copy_(torch.as_tensor(saved[name]))
+        self.parity.fill_(int(saved["parity"]))
+        self.generator.set_state(torch.frombuffer(bytearray(saved["generator"]), dtype=torch.uint8))
+
+    def walkers(self) -> torch.Tensor:
+        """(M,) the walker at each rung (the inverse of ``rung``)."""
+        inverse = torch.empty_like(self.rung)
+        return inverse.scatter_(
+            0, self.rung, torch.arange(self.rung.shape[0], device=self.rung.device)
+        )
+
+    def exchange(self, energy: torch.Tensor) -> torch.Tensor:
+        """Try one round of swaps given each walker's (S,) potential energy (eV).
+
+        Updates ``rung``, the statistics and ``parity`` in place and returns the (S,) factor
+        to scale each walker's velocities by.
+        """
+        rungs = self.ladder_kT.shape[0]
+        device = energy.device
+        walker = self.walkers()
+        lower = torch.arange(rungs - 1, device=device)  # pair t joins rungs t and t + 1
+        tried = (lower % 2) == self.parity
+        beta = 1.0 / self.ladder_kT
+        gain = (beta[:-1] - beta[1:]) * (energy[walker[:-1]] - energy[walker[1:]])
+        uniform = torch.rand(rungs - 1, generator=self.generator, dtype=energy.dtype, device=device)
+        swap = tried & (torch.log(uniform) < gain)  # Metropolis: min(1, exp(gain))
+        # Each rung's new walker: from the rung above if it is the lower end of a swapped pair,
+        # from the rung below if the upper end, else its own (tried pairs never overlap).
+        from_above = torch.cat([swap, swap.new_zeros(1)])
+        from_below = torch.cat([swap.new_zeros(1), swap])
+        up = torch.roll(walker, -1)
+        down = torch.roll(walker, 1)
+        new_walker = torch.where(from_above, up, torch.where(from_below, down, walker))
+        old_rung = self.rung.clone()
+        new_rung = torch.empty_like(old_rung).scatter_(
+            0, new_walker, torch.arange(rungs, device=device)
+        )
+        self.rung.copy_(new_rung)
+        self.attempts.add_(tried.long())
+        self.accepted.add_(swap.long())
+        self.parity.copy_(1 - self.parity)
+        return torch.sqrt(self.ladder_kT[new_rung] / self.ladder_kT[old_rung])
+
+
+def _inverse(permutation: torch.Tensor) -> torch.Tensor:
+    """The inverse of a permutation of 0..n-1 (a scatter: no host synchronisation)."""
+    positions = torch.arange(permutation.shape[0], device=permutation.device)
+    return torch.empty_like(permutation).scatter_(0, permutation, positions)
+
+
+def geometric_ladder(low_K: float, high_K: float, rungs: int) -> list[float]:
+    """``rungs`` temperatures from ``low_K`` to ``high_K`` with a constant ratio between
+    neighbours: the usual first ladder for parallel tempering (equal acceptance for a system
+    whose heat capacity does not change with temperature)."""
+    if rungs < 2 or not 0 < low_K < high_K:
+        raise ValueError(f"need 0 < low_K < high_K and rungs >= 2, got {low_K}, {high_K}, {rungs}")
+    ratio = (high_K / low_K) ** (1.0 / (rungs - 1))
+    return [low_K * ratio**index for index in range(rungs)]
