@@ -14,6 +14,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 11  # D3 at 1,728 atoms only
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 12  # D3 and hybrid, next session
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 13  # hybrid and D3 profiles, 13,824
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 14  # replicas' throughput, exchange
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -152,6 +153,16 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   timeout 260 python3 benchmarks/profile_step.py --dispersion --atoms 13824 --no-operators \
     --timed-blocks 2 --out "$OUT/profile-d3-13824" > "$OUT/profile-d3-13824.log" 2>&1
   echo "D3 profile 13824: exit $?"
+  ;;
+14)
+  # Issue 15: 1 to 256 replicas of the 216-atom cell, and a 256-rung exchange ladder; the
+  # replica and exchange tests with CUDA graphs.
+  timeout 330 python3 benchmarks/replica_throughput.py --exchange --out "$OUT/replicas" \
+    > "$OUT/replicas.log" 2>&1
+  echo "replicas: exit $?"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider "$tests/test_replica_exchange.py" \
+    "$tests/test_replicas.py" > "$OUT/gpu_tests_replicas.txt" 2>&1
+  echo "replica tests: exit $? ($(tail -1 "$OUT/gpu_tests_replicas.txt"))"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

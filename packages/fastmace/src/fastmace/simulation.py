@@ -365,7 +365,7 @@ class Simulation:
             exchange.restore(saved)
         return exchange
 
-    def _exchange(self) -> None:
+    def exchange_now(self) -> None:
         """One round of swaps on the device: new targets, velocities scaled (no sync)."""
         md, exchange = self.engine.md, self.exchange
         scale = exchange.exchange(md.energy)
@@ -436,7 +436,7 @@ class Simulation:
                     self.timings["capture_s"] = elapsed
                 step += steps
                 if self.exchange is not None and step % settings.exchange_every == 0:
-                    self._exchange()
+                    self.exchange_now()
                 rows = self._write_outputs(step, final=step == total) or rows
                 progress.update(step)
         except BaseException as error:

@@ -1,0 +1,158 @@
+"""Throughput of many copies of one small cell in one batch: atom-steps per second.
+
+Issue 15's benchmark: 1, 8, 64 and 256 replicas of the 216-atom rock-salt NaCl cell with the
+MP-0-medium template (random weights), Langevin NVT at 300 K, 1 fs, float32, cuEquivariance,
+no output, CUDA graphs; each replica draws from its own random stream. For each batch size it
+times graph replays only (after the eager warm-up block, the capture and one more block) and
+reports ms per step, atom-steps per second and the gain over one replica. With
+``--exchange``, the largest batch runs again as a replica-exchange ladder (300 to 600 K, an
+exchange every block) to show what the swaps cost.
+
+    . .gpu/setup.sh && PYTHONPATH=$PWD/packages/fastmace/src:$PYTHONPATH \
+        python benchmarks/replica_throughput.py --out $OUT/replicas
+
+Results: ``replica_throughput.json`` (a ``cases`` list like md_speed.py's) and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from profile_step import nacl
+
+from fastmace.dynamics.ensembles import ensemble
+from fastmace.dynamics.replica_exchange import geometric_ladder
+from fastmace.io import OutputSchedule
+from fastmace.models.load import load
+from fastmace.planner import EngineSettings
+from fastmace.simulation import RunSettings, Simulation
+
+MODEL = "mp0-medium"
+CELL_ATOMS = 216
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_case(
+    loaded: Any, replicas: int, block: int, seconds: float, exchange: bool, device: str
+) -> dict:
+    """Time graph replays of ``replicas`` copies; returns one ``cases`` entry."""
+    temperatures = geometric_ladder(300.0, 600.0, replicas) if exchange else 300.0
+    settings = RunSettings(
+        ensemble=ensemble("nvt", temperature_K=temperatures, friction_per_ps=10.0),
+        steps=block * 100_000,
+        timestep_fs=1.0,
+        seed=0,
+        schedule=OutputSchedule(0, 0, 0),
+        initial_temperature_K=300.0,
+        exchange_every=block if exchange else 0,
+    )
+    backend = "cueq" if device == "cuda" else "e3nn"
+    engine = EngineSettings(device=device, backend=backend, dtype="float32", block_steps=block)
+    simulation = Simulation(
+        loaded, [nacl(CELL_ATOMS)] * replicas, settings, output=None, engine=engine,
+        progress=io.StringIO(),
+    )  # fmt: skip
+    for _ in range(3):  # eager warm-up, capture, one replay (a regrowth would show here)
+        simulation.engine.run_block()
+    synchronize(device)
+    blocks, tick = 0, time.perf_counter()
+    while time.perf_counter() - tick < seconds:
+        simulation.engine.run_block()
+        if exchange:
+            simulation.exchange_now()
+        blocks += 1
+    synchronize(device)
+    elapsed = time.perf_counter() - tick
+    ms_per_step = 1000 * elapsed / (blocks * block)
+    atoms = replicas * CELL_ATOMS
+    case = {
+        "model": MODEL, "atoms": atoms, "path": "fastmace",
+        "variant": f"{backend}-replicas-{replicas}" + ("-exchange" if exchange else ""),
+        "status": "ok", "ms_per_step": ms_per_step, "replicas": replicas,
+        "atom_steps_per_s": atoms / (ms_per_step / 1000), "steps_timed": blocks * block,
+        "last_launch": simulation.engine.last_launch, "regrowths": simulation.engine.regrowths,
+        "peak_memory_GiB": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0,
+    }  # fmt: skip
+    if exchange:
+        tried = simulation.exchange.attempts.tolist()
+        made = simulation.exchange.accepted.tolist()
+        case["acceptance"] = [m / t if t else None for m, t in zip(made, tried, strict=True)]
+    return case
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+
+
+def markdown(cases: list[dict]) -> str:
+    one = next((c["atom_steps_per_s"] for c in cases if c["replicas"] == 1), None)
+    lines = [
+        f"# Replicas of the {CELL_ATOMS}-atom NaCl cell ({device_name()}, "
+        f"torch {torch.__version__}, {MODEL} template, cuEq, float32)",
+        "",
+        "| replicas | atoms | ms/step | atom-steps/s | vs one replica | peak GiB |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for case in cases:
+        gain = f"{case['atom_steps_per_s'] / one:.1f}x" if one else "-"
+        name = f"{case['replicas']}" + (" (exchange)" if "exchange" in case["variant"] else "")
+        lines.append(
+            f"| {name} | {case['atoms']:,} | {case['ms_per_step']:.2f} | "
+            f"{case['atom_steps_per_s']:.3g} | {gain} | {case['peak_memory_GiB']:.1f} |"
+        )
+    for case in cases:
+        if "acceptance" in case:
+            rates = ", ".join(f"{rate:.2f}" for rate in case["acceptance"] if rate is not None)
+            lines += ["", f"Exchange acceptance per pair ({case['replicas']} rungs): {rates}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--replicas", default="1,8,64,256")
+    parser.add_argument("--block-steps", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=4.0, help="replays timed per case")
+    parser.add_argument("--exchange", action="store_true", help="also the largest as a ladder")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke test (e3nn backend)")
+    parser.add_argument("--out", default="benchmarks/results/replicas")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    backend = "cueq" if args.device == "cuda" else "e3nn"
+    loaded = load(f"template:{MODEL}", backend=backend, device=args.device, dtype="float32", seed=0)
+    counts = [int(count) for count in args.replicas.split(",")]
+    plan = [(count, False) for count in counts] + ([(max(counts), True)] if args.exchange else [])
+    cases: list[dict] = []
+    for replicas, exchange in plan:
+        if args.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            case = run_case(loaded, replicas, args.block_steps, args.seconds, exchange, args.device)
+        except Exception as error:  # a failed case is recorded and the rest still run
+            case = {
+                "model": MODEL, "atoms": replicas * CELL_ATOMS, "path": "fastmace",
+                "variant": f"cueq-replicas-{replicas}", "status": f"failed: {error}"[:300],
+                "ms_per_step": None, "replicas": replicas,
+            }  # fmt: skip
+        print(json.dumps(case), flush=True)
+        cases.append(case)
+        ok = [c for c in cases if c["status"] == "ok"]
+        record = {"torch": torch.__version__, "device": device_name(), "cases": cases}
+        (out / "replica_throughput.json").write_text(json.dumps(record, indent=1))
+        (out / "replica_throughput.md").write_text(markdown(ok))
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
