@@ -98,11 +98,13 @@ def test_fm_md_runs_replica_exchange_between_replicas():
 
 
 def test_a_resumed_exchange_run_continues_exactly(tmp_path):
-    """Killed at step 20 (its restart) and resumed to 40: the same rungs, acceptances and
-    final structures as one run of 40 steps; the thermo log names each walker's rung."""
+    """Killed at step 20 (its restart) and resumed to 40: the same rungs, acceptances,
+    final structures and files as one run of 40 steps; the thermo log names each walker's
+    rung, and the trajectory by temperature holds at system r the walker at rung r."""
     import csv
 
     import ase.build
+    import ase.io
     import numpy as np
 
     import fastmace as fm
@@ -110,7 +112,7 @@ def test_a_resumed_exchange_run_continues_exactly(tmp_path):
     atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
     common = dict(
         model="demo-emt-cu", ensemble="nvt", temperature_K=fm.geometric_ladder(300, 500, 4),
-        replicas=4, exchange_every=5, thermo_every=5, restart_every=20, trajectory_every=0,
+        replicas=4, exchange_every=5, thermo_every=5, restart_every=20, trajectory_every=10,
         seed=11,
     )  # fmt: skip
     whole = fm.md(atoms, steps=40, output=tmp_path / "whole", **common)
@@ -134,3 +136,19 @@ def test_a_resumed_exchange_run_continues_exactly(tmp_path):
     for output in range(0, len(rungs), 4):  # a permutation of the ladder at every output
         assert sorted(rungs[output : output + 4]) == [0, 1, 2, 3]
     assert rungs[-4:] != [0, 1, 2, 3]  # and walkers did move along it
+    # The trajectory by temperature: at each frame, its system r is the walker at rung r.
+    for run in ("whole", "pieces"):
+        walkers = ase.io.read(tmp_path / run / "trajectory.extxyz", ":")
+        by_rung = ase.io.read(tmp_path / run / "trajectory-by-temperature.extxyz", ":")
+        assert [f.info["step"] for f in by_rung] == [f.info["step"] for f in walkers]
+        assert [f.info["step"] for f in walkers][::4] == [0, 10, 20, 30, 40]
+        rung_of = {(int(row["step"]), int(row["system"])): int(row["rung"]) for row in logs[0]}
+        for frame in walkers:
+            rung = rung_of[(frame.info["step"], frame.info["system"])]
+            same = next(
+                f
+                for f in by_rung
+                if f.info["step"] == frame.info["step"] and f.info["system"] == rung
+            )
+            np.testing.assert_array_equal(same.positions, frame.positions)
+            assert same.get_potential_energy() == frame.get_potential_energy()

@@ -315,7 +315,8 @@ class Simulation:
             atoms = md.state.to_atoms()
             energies = md.energy.detach().cpu().numpy()
             forces = md.forces.detach().cpu().numpy()
-            self.output.write_frames(step, time_fs, atoms, energies, forces)
+            order = self.exchange.walkers().tolist() if self.exchange is not None else None
+            self.output.write_frames(step, time_fs, atoms, energies, forces, walker_at_rung=order)
         if rows:
             self.output.write_thermo(rows)
         if schedule.restart_due(step) or final:

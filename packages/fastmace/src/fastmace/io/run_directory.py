@@ -30,7 +30,7 @@ import numpy as np
 
 from fastmace.io import trajectory
 from fastmace.io.atomic import atomic_write_text, create_exclusive, remove_temporaries
-from fastmace.io.frames import make_frame
+from fastmace.io.frames import Frame, make_frame
 from fastmace.io.plot import PLOT_FILE, plot_thermo
 from fastmace.io.restart import Restart, load_restart, save_restart
 from fastmace.io.run_lock import LOCK_NAME, LockHeld, LockOwner, RunLock, held_by_live_process
@@ -119,8 +119,11 @@ class RunDirectory:
     def plot_path(self) -> Path:
         return self.path / PLOT_FILE
 
-    def trajectory_path(self, trajectory_format: str) -> Path:
-        return self.path / trajectory.FILE_NAMES[trajectory_format]
+    def trajectory_path(self, trajectory_format: str, by_temperature: bool = False) -> Path:
+        """The walkers' trajectory, or with ``by_temperature`` a replica-exchange run's
+        trajectory by rung of the ladder."""
+        names = trajectory.BY_TEMPERATURE_FILE_NAMES if by_temperature else trajectory.FILE_NAMES
+        return self.path / names[trajectory_format]
 
     @classmethod
     def create(
@@ -212,7 +215,11 @@ class RunDirectory:
 
     def _truncate_after(self, trajectory_format: str, step: int) -> None:
         """Drop output written after ``step``: the resumed run writes it again."""
-        files = [] if trajectory_format == "none" else [self.trajectory_path(trajectory_format)]
+        files = (
+            []
+            if trajectory_format == "none"
+            else [self.trajectory_path(trajectory_format, by) for by in (False, True)]
+        )
         for path in [*files, self.thermo_path]:
             if not path.is_file():
                 continue
@@ -333,6 +340,7 @@ class RunOutput:
         self.restart = restart
         self._last_frame_step = -1 if restart is None else restart.step
         self._trajectory: trajectory.TrajectoryWriter | None = None
+        self._by_temperature: trajectory.TrajectoryWriter | None = None
         self._thermo: ThermoLog | None = None
         self._closed = False
 
@@ -350,11 +358,15 @@ class RunOutput:
         atoms: ase.Atoms | Sequence[ase.Atoms],
         energies: float | Sequence[float] | np.ndarray | None = None,
         forces: np.ndarray | Sequence[np.ndarray] | None = None,
+        *,
+        walker_at_rung: Sequence[int] | None = None,
     ) -> None:
         """Append the frame of every system at ``step`` (energies in eV, forces in eV/Å).
 
         ``atoms`` holds one structure per system (``State.to_atoms()``), with velocities;
-        ``forces`` is one (n_i, 3) array per system or one (N, 3) array of all atoms.
+        ``forces`` is one (n_i, 3) array per system or one (N, 3) array of all atoms. For a
+        replica-exchange run, ``walker_at_rung[r]`` is the system at rung r of the ladder: the
+        frame is also appended to the trajectory by temperature, its system r being that one.
         """
         self._check_open()
         if self.trajectory_path is None:
@@ -372,6 +384,14 @@ class RunOutput:
                 self.trajectory_format, self.trajectory_path, self.n_systems
             )
         self._trajectory.write(frame)
+        if walker_at_rung is not None:
+            if self._by_temperature is None:
+                self._by_temperature = trajectory.open_writer(
+                    self.trajectory_format,
+                    self.directory.trajectory_path(self.trajectory_format, by_temperature=True),
+                    self.n_systems,
+                )
+            self._by_temperature.write(_reordered(frame, walker_at_rung))
         self._last_frame_step = frame.step
 
     def write_thermo(self, rows: Iterable[Mapping[str, float | int | None]]) -> None:
@@ -386,8 +406,9 @@ class RunOutput:
         this restart finds everything up to its step.
         """
         self._check_open()
-        if self._trajectory is not None:
-            self._trajectory.sync()
+        for writer in (self._trajectory, self._by_temperature):
+            if writer is not None:
+                writer.sync()
         if self._thermo is not None:
             self._thermo.sync()
         save_restart(self.directory.restart_path, step, payload)
@@ -423,7 +444,7 @@ class RunOutput:
             return
         self._closed = True
         try:
-            for writer in (self._trajectory, self._thermo):
+            for writer in (self._trajectory, self._by_temperature, self._thermo):
                 if writer is not None:
                     writer.close()
         finally:
@@ -446,3 +467,15 @@ class RunOutput:
     def _check_open(self) -> None:
         if self._closed:
             raise RunDirectoryError(f"the output of {self.directory.path} is already closed")
+
+
+def _reordered(frame: Frame, order: Sequence[int]) -> Frame:
+    """``frame`` with system i taken from system ``order[i]``."""
+    if sorted(order) != list(range(len(frame.atoms))):
+        raise ValueError(f"walker_at_rung {list(order)} is not an order of the frame's systems")
+
+    def pick(values: list | None) -> list | None:
+        return None if values is None else [values[index] for index in order]
+
+    return Frame(frame.step, frame.time_fs, pick(frame.atoms), pick(frame.energies),
+                 pick(frame.forces))  # fmt: skip

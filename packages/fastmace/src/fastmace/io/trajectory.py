@@ -18,6 +18,10 @@ FORMATS = ("auto", "extxyz", "h5md", "none")
 EXTXYZ_LIMIT = 1_000_000  # atom-frames; about 80 MB of extxyz text
 UNKNOWN_FRAMES = 1_000  # what "auto" assumes when the run's length is not known
 FILE_NAMES = {"extxyz": "trajectory.extxyz", "h5md": "trajectory.h5md"}
+# A replica-exchange run's frames again, demultiplexed: system r is the walker at rung r.
+BY_TEMPERATURE_FILE_NAMES = {
+    "extxyz": "trajectory-by-temperature.extxyz", "h5md": "trajectory-by-temperature.h5md",
+}  # fmt: skip
 
 
 class TrajectoryWriter(Protocol):
