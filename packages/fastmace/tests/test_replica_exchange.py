@@ -152,3 +152,39 @@ def test_a_resumed_exchange_run_continues_exactly(tmp_path):
             )
             np.testing.assert_array_equal(same.positions, frame.positions)
             assert same.get_potential_energy() == frame.get_potential_energy()
+
+
+def test_a_block_redone_after_a_regrowth_exchanges_once(demo):
+    """A list far too small overflows in the first block, which is redone with a larger one:
+    its exchange (at the block's end, part of the block) must happen once, as without it."""
+    import numpy as np
+    from conftest import copper, settings
+
+    from fastmace.dynamics.ensembles import ensemble
+    from fastmace.dynamics.neighbours import NeighbourList
+    from fastmace.simulation import Simulation
+
+    def simulation(tiny_list: bool) -> Simulation:
+        ladder = geometric_ladder(300.0, 500.0, 4)
+        run = Simulation(
+            demo, [copper()] * 4,
+            settings(20, ensemble=ensemble("nvt", temperature_K=ladder, friction_per_ps=5.0),
+                     exchange_every=5),
+            None,
+        )  # fmt: skip
+        if tiny_list:
+            state = run.engine.md.state
+            tiny = NeighbourList(state, run.potential.r_max, 0.5, 8)
+            run.engine.force_field.neighbours = tiny
+            run.engine.force_field.edges = tiny.build(state)
+        run.run()
+        return run
+
+    roomy, tight = simulation(False), simulation(True)
+    assert roomy.engine.regrowths == 0 and tight.engine.regrowths >= 1
+    for name in ("rung", "attempts", "accepted", "parity", "steps_since"):
+        assert getattr(tight.exchange, name).tolist() == getattr(roomy.exchange, name).tolist()
+    assert roomy.exchange.attempts.sum() == 6  # four exchanges: 2, 1, 2 and 1 pairs tried
+    np.testing.assert_allclose(
+        tight.engine.md.state.positions, roomy.engine.md.state.positions, atol=1e-10
+    )

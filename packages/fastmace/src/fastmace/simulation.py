@@ -167,6 +167,7 @@ class Simulation:
                 block_steps=self.block_steps,
                 capture=self.engine_settings.graphs,
                 guard=self.guard,
+                block_end=self.exchange,  # the swaps, inside the captured block
             )
             self.engine.steps_done = self.start_step
             self.structures = list(structures)
@@ -357,7 +358,9 @@ class Simulation:
         # holds each walker's present rung, and the ladder comes from the restart.
         ladder = md.kT.clone() if saved is None else torch.as_tensor(saved["ladder_kT"])
         try:
-            exchange = ReplicaExchange.start(ladder.to(md.kT), generator)
+            exchange = ReplicaExchange.start(
+                ladder.to(md.kT), generator, every=self.settings.exchange_every
+            )
         except ValueError as error:
             raise ValueError(
                 f"{error}: give temperature_K as one value per replica, lowest first"
@@ -365,13 +368,6 @@ class Simulation:
         if saved is not None:
             exchange.restore(saved)
         return exchange
-
-    def exchange_now(self) -> None:
-        """One round of swaps on the device: new targets, velocities scaled (no sync)."""
-        md, exchange = self.engine.md, self.exchange
-        scale = exchange.exchange(md.energy)
-        md.kT.copy_(exchange.ladder_kT[exchange.rung])
-        md.state.velocities.mul_(scale[md.state.system, None])
 
     def _follow_schedule(self, first_step: int, steps: int) -> None:
         """Set the next block's targets from the temperature and pressure schedules: fills on
@@ -436,8 +432,6 @@ class Simulation:
                 if self.engine.last_launch == "capture" and "capture_s" not in self.timings:
                     self.timings["capture_s"] = elapsed
                 step += steps
-                if self.exchange is not None and step % settings.exchange_every == 0:
-                    self.exchange_now()
                 rows = self._write_outputs(step, final=step == total) or rows
                 progress.update(step)
         except BaseException as error:

@@ -12,6 +12,10 @@ sanity bounds on the device (largest force every step; temperature, energy, volu
 displacement at its end) into a small tensor read with the overflow flag, in the same
 synchronisation; a block out of bounds stops the run with :class:`GuardError`.
 
+Block end: a :class:`BlockEnd` (replica exchange's swaps) is applied to the state at the end
+of every block, inside the captured graph; its own tensors and random generator are put back
+with the state when a block is redone.
+
 Neighbour searches: inside a block the list is searched on one step in ``search_every`` (a
 fixed pattern, so the captured work is the same every replay) and the other steps only check
 the Verlet skin. If a check finds that a pair may be missing, the block is redone from its start
@@ -30,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 
@@ -165,6 +170,22 @@ class BlockReport:
     """True when this block's skin check failed and it was redone with more searches."""
 
 
+class BlockEnd(Protocol):
+    """Device work at the end of every block, captured with it (no host synchronisation)."""
+
+    def apply(self, md: MDState, steps: int) -> MDState:
+        """The state after ``steps`` more steps, changed as the work requires."""
+        ...
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Its own state, put back with the MD state when a block is redone."""
+        ...
+
+    def generators(self) -> list[torch.Generator]:
+        """The random generators it draws from (registered with the graph, put back too)."""
+        ...
+
+
 def tensors_of(md: MDState) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of an integrator state (its State's and its own), by dotted name."""
     for item in dataclasses.fields(md):
@@ -219,6 +240,7 @@ class Engine:
         block_steps: int,
         capture: bool | None = None,
         guard: Guard | None = None,
+        block_end: BlockEnd | None = None,
     ) -> None:
         if block_steps < 1:
             raise ValueError(f"block_steps must be at least 1, got {block_steps}")
@@ -226,6 +248,7 @@ class Engine:
         self.step_fn = step
         self.force_field = force_field
         self.guard = guard  # None: only non-finite values stop the run
+        self.block_end = block_end
         self.block_steps = block_steps
         cuda = self.md.state.device.type == "cuda"
         self.capture = cuda if capture is None else capture
@@ -248,7 +271,8 @@ class Engine:
         force_field, guard = self.force_field, self.guard
         if guard is not None:
             guard.start_block(md, force_field.neighbours)
-        for index in range(self.block_steps if steps is None else steps):
+        steps = self.block_steps if steps is None else steps
+        for index in range(steps):
             # A fixed pattern within the block, so a captured block replays the same work.
             every = force_field.search_every
             force_field.search_now = index % every == 0
@@ -257,6 +281,8 @@ class Engine:
             if guard is not None:
                 guard.observe(md)
         force_field.search_now = force_field.dispersion_search_now = True
+        if self.block_end is not None:
+            md = self.block_end.apply(md, steps)
         if guard is not None:
             guard.finish_block(md, force_field.neighbours)
         return md
@@ -273,7 +299,7 @@ class Engine:
 
     def _capture(self) -> None:
         graph = torch.cuda.CUDAGraph()
-        for generator in generators_of(self.md):
+        for generator in self._generators():
             graph.register_generator_state(generator)
         with torch.cuda.graph(graph):
             copy_into(self.md, self._advance(self.md))
@@ -313,7 +339,8 @@ class Engine:
         """
         steps = self.block_steps if steps is None else steps
         start = own_tensors(self.md)
-        generator_states = [g.get_state() for g in generators_of(self.md)]
+        block_end_start = [t.clone() for t in self.block_end.tensors()] if self.block_end else []
+        generator_states = [g.get_state() for g in self._generators()]
         regrown = searched_more = False
         regrowths = 0
         while True:
@@ -329,7 +356,7 @@ class Engine:
             overflow, stale = bool(flags[0]), bool(flags[3])
             if not (overflow or stale):
                 break
-            self._put_back(start, generator_states)
+            self._put_back(start, block_end_start, generator_states)
             if stale:
                 self._search_more_often()
                 searched_more = True
@@ -365,10 +392,24 @@ class Engine:
             return torch.zeros(0, dtype=torch.float64, device=self.md.state.device)
         return self.guard.values.flatten()
 
-    def _put_back(self, start: MDState, generator_states: list[torch.Tensor]) -> None:
-        """The state and random generators as they were at the start of the block."""
+    def _generators(self) -> list[torch.Generator]:
+        """The integrator's random generators, then the block end's."""
+        extra = self.block_end.generators() if self.block_end is not None else []
+        return generators_of(self.md) + extra
+
+    def _put_back(
+        self,
+        start: MDState,
+        block_end_start: list[torch.Tensor],
+        generator_states: list[torch.Tensor],
+    ) -> None:
+        """The state, the block end's tensors and the random generators as they were at the
+        start of the block."""
         copy_into(self.md, start)
-        for generator, state in zip(generators_of(self.md), generator_states, strict=True):
+        if self.block_end is not None:
+            for tensor, saved in zip(self.block_end.tensors(), block_end_start, strict=True):
+                tensor.copy_(saved)
+        for generator, state in zip(self._generators(), generator_states, strict=True):
             generator.set_state(state)
 
     def _search_more_often(self) -> None:

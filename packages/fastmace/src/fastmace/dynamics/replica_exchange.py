@@ -8,13 +8,16 @@ probability min(1, exp((1/kT_i - 1/kT_j) (E_i - E_j))), which leaves the joint c
 distribution of the ladder invariant. A walker that changes rung has its velocities scaled by
 sqrt(T_new / T_old), so its kinetic energy is canonical at its new temperature too.
 
-Everything is tensor work of fixed shape with no host synchronisation: an exchange can sit
-inside a captured block. The uniform numbers come from a generator of its own.
+Everything is tensor work of fixed shape with no host synchronisation, so the exchange sits
+inside the captured block (the engine's block end, :meth:`ReplicaExchange.apply`): it runs at
+the end of every block and takes effect only when ``every`` steps have passed since the last
+one, a mask rather than a branch, so every replay does the same work. The uniform numbers
+come from a generator of its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -31,6 +34,8 @@ class ReplicaExchange:
         accepted: (M - 1,) int64, swaps made between rungs t and t + 1.
         parity: () int64, which pairs the next exchange tries (0: those starting at even rungs).
         generator: where the uniform numbers of the Metropolis tests come from.
+        every: steps between exchanges (a block end after ``every`` steps exchanges).
+        steps_since: () int64, steps since the last exchange.
     """
 
     ladder_kT: torch.Tensor
@@ -39,9 +44,13 @@ class ReplicaExchange:
     accepted: torch.Tensor
     parity: torch.Tensor
     generator: torch.Generator
+    every: int = 1
+    steps_since: torch.Tensor | None = None
 
     @classmethod
-    def start(cls, ladder_kT: torch.Tensor, generator: torch.Generator) -> ReplicaExchange:
+    def start(
+        cls, ladder_kT: torch.Tensor, generator: torch.Generator, every: int = 1
+    ) -> ReplicaExchange:
         """Walker s at rung s; host-side checks of the ladder."""
         if ladder_kT.dim() != 1 or ladder_kT.shape[0] < 2:
             raise ValueError("replica exchange needs a ladder of at least two temperatures")
@@ -57,7 +66,31 @@ class ReplicaExchange:
             accepted=zeros.clone(),
             parity=torch.zeros((), dtype=torch.int64, device=device),
             generator=generator,
+            every=every,
+            steps_since=torch.zeros((), dtype=torch.int64, device=device),
         )
+
+    # -- the engine's block end (captured with the block) -----------------------------------
+
+    def apply(self, md: Any, steps: int) -> Any:
+        """At a block's end: exchange if ``every`` steps have passed since the last exchange
+        (new rungs, each walker's thermostat target and velocities); otherwise unchanged."""
+        assert self.steps_since is not None
+        self.steps_since.add_(steps)
+        due = self.steps_since >= self.every
+        self.steps_since.copy_(torch.where(due, self.steps_since - self.every, self.steps_since))
+        scale = self.exchange(md.energy, due)
+        state = md.state
+        velocities = state.velocities * scale.to(state.velocities.dtype)[state.system, None]
+        kT = self.ladder_kT[self.rung]
+        return replace(md, kT=kT, state=replace(state, velocities=velocities))
+
+    def tensors(self) -> list[torch.Tensor]:
+        assert self.steps_since is not None
+        return [self.rung, self.attempts, self.accepted, self.parity, self.steps_since]
+
+    def generators(self) -> list[torch.Generator]:
+        return [self.generator]
 
     def saved(self) -> dict[str, Any]:
         """Everything a restart needs to continue the exchanges exactly (host arrays)."""
@@ -67,6 +100,7 @@ class ReplicaExchange:
             "attempts": self.attempts.cpu().numpy(),
             "accepted": self.accepted.cpu().numpy(),
             "parity": int(self.parity),
+            "steps_since": int(self.steps_since) if self.steps_since is not None else 0,
             "generator": bytes(self.generator.get_state().cpu().numpy()),
         }
 
@@ -80,6 +114,8 @@ class ReplicaExchange:
         for name in ("rung", "attempts", "accepted"):
             getattr(self, name).copy_(torch.as_tensor(saved[name]))
         self.parity.fill_(int(saved["parity"]))
+        if self.steps_since is not None:
+            self.steps_since.fill_(int(saved.get("steps_since", 0)))
         self.generator.set_state(torch.frombuffer(bytearray(saved["generator"]), dtype=torch.uint8))
 
     def walkers(self) -> torch.Tensor:
@@ -89,8 +125,9 @@ class ReplicaExchange:
             0, self.rung, torch.arange(self.rung.shape[0], device=self.rung.device)
         )
 
-    def exchange(self, energy: torch.Tensor) -> torch.Tensor:
-        """Try one round of swaps given each walker's (S,) potential energy (eV).
+    def exchange(self, energy: torch.Tensor, due: torch.Tensor | None = None) -> torch.Tensor:
+        """Try one round of swaps given each walker's (S,) potential energy (eV); with a
+        boolean ``due`` tensor, only if it is true (the same work either way).
 
         Updates ``rung``, the statistics and ``parity`` in place and returns the (S,) factor
         to scale each walker's velocities by.
@@ -100,6 +137,8 @@ class ReplicaExchange:
         walker = self.walkers()
         lower = torch.arange(rungs - 1, device=device)  # pair t joins rungs t and t + 1
         tried = (lower % 2) == self.parity
+        if due is not None:
+            tried = tried & due
         beta = 1.0 / self.ladder_kT
         gain = (beta[:-1] - beta[1:]) * (energy[walker[:-1]] - energy[walker[1:]])
         uniform = torch.rand(rungs - 1, generator=self.generator, dtype=energy.dtype, device=device)
@@ -118,7 +157,8 @@ class ReplicaExchange:
         self.rung.copy_(new_rung)
         self.attempts.add_(tried.long())
         self.accepted.add_(swap.long())
-        self.parity.copy_(1 - self.parity)
+        flipped = 1 - self.parity
+        self.parity.copy_(flipped if due is None else torch.where(due, flipped, self.parity))
         return torch.sqrt(self.ladder_kT[new_rung] / self.ladder_kT[old_rung])
 
 
