@@ -5,8 +5,8 @@ MP-0-medium template (random weights), Langevin NVT at 300 K, 1 fs, float32, cuE
 no output, CUDA graphs; each replica draws from its own random stream. For each batch size it
 times graph replays only (after the eager warm-up block, the capture and one more block) and
 reports ms per step, atom-steps per second and the gain over one replica. With
-``--exchange``, the largest batch runs again as a replica-exchange ladder (300 to 600 K, an
-exchange every block) to show what the swaps cost.
+``--exchange N``, N replicas run again as a replica-exchange ladder (300 to 600 K, an
+exchange at the end of every block, inside the captured graph) to show what the swaps cost.
 
     . .gpu/setup.sh && PYTHONPATH=$PWD/packages/fastmace/src:$PYTHONPATH \
         python benchmarks/replica_throughput.py --out $OUT/replicas
@@ -62,12 +62,22 @@ def run_case(
         loaded, [nacl(CELL_ATOMS)] * replicas, settings, output=None, engine=engine,
         progress=io.StringIO(),
     )  # fmt: skip
-    for _ in range(3):  # eager warm-up, capture, one replay (a regrowth would show here)
-        simulation.engine.run_block()
+    engine = simulation.engine
+    # Eager warm-up, capture, then replays until one passes without a regrowth (a regrowth
+    # means another eager block and capture): only steady replays are timed.
+    for _ in range(12):
+        regrowths = engine.regrowths
+        engine.run_block()
+        if (
+            engine.regrowths == regrowths
+            and engine.last_launch in ("replay", "eager")
+            and (device != "cuda" or engine.last_launch == "replay")
+        ):
+            break
     synchronize(device)
     blocks, tick = 0, time.perf_counter()
     while time.perf_counter() - tick < seconds:
-        simulation.engine.run_block()  # with an exchange at its end (inside the graph)
+        engine.run_block()  # with an exchange at its end (inside the graph)
         blocks += 1
     synchronize(device)
     elapsed = time.perf_counter() - tick
@@ -78,7 +88,7 @@ def run_case(
         "variant": f"{backend}-replicas-{replicas}" + ("-exchange" if exchange else ""),
         "status": "ok", "ms_per_step": ms_per_step, "replicas": replicas,
         "atom_steps_per_s": atoms / (ms_per_step / 1000), "steps_timed": blocks * block,
-        "last_launch": simulation.engine.last_launch, "regrowths": simulation.engine.regrowths,
+        "last_launch": engine.last_launch, "regrowths": engine.regrowths,
         "peak_memory_GiB": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0,
     }  # fmt: skip
     if exchange:
@@ -120,7 +130,9 @@ def main() -> None:
     parser.add_argument("--replicas", default="1,8,64,256")
     parser.add_argument("--block-steps", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=4.0, help="replays timed per case")
-    parser.add_argument("--exchange", action="store_true", help="also the largest as a ladder")
+    parser.add_argument(
+        "--exchange", type=int, default=0, metavar="N", help="also N replicas as a ladder"
+    )
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test (e3nn backend)")
     parser.add_argument("--out", default="benchmarks/results/replicas")
     args = parser.parse_args()
@@ -129,7 +141,8 @@ def main() -> None:
     backend = "cueq" if args.device == "cuda" else "e3nn"
     loaded = load(f"template:{MODEL}", backend=backend, device=args.device, dtype="float32", seed=0)
     counts = [int(count) for count in args.replicas.split(",")]
-    plan = [(count, False) for count in counts] + ([(max(counts), True)] if args.exchange else [])
+    plan = [(count, False) for count in counts] + ([(args.exchange, True)] if args.exchange else [])
+    plan.sort()  # smallest first; the ladder right after the plain batch of its size
     cases: list[dict] = []
     for replicas, exchange in plan:
         if args.device == "cuda":

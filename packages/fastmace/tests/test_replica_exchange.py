@@ -106,6 +106,7 @@ def test_a_resumed_exchange_run_continues_exactly(tmp_path):
     import ase.build
     import ase.io
     import numpy as np
+    from conftest import same_trajectory_atol_A
 
     import fastmace as fm
 
@@ -124,14 +125,21 @@ def test_a_resumed_exchange_run_continues_exactly(tmp_path):
 
     assert exchange_line(resumed) == exchange_line(whole)
     for one, other in zip(whole.structures, resumed.structures, strict=True):
-        np.testing.assert_array_equal(one.positions, other.positions)
+        np.testing.assert_allclose(
+            one.positions, other.positions, rtol=0, atol=same_trajectory_atol_A()
+        )
     logs = [
         list(csv.DictReader((tmp_path / run / "thermo.csv").open())) for run in ("whole", "pieces")
     ]
     for log in logs:
         for row in log:
             del row["ns_per_day"]  # the speed of the moment: differs between any two runs
-    assert logs[0] == logs[1]
+    assert [row["rung"] for row in logs[0]] == [row["rung"] for row in logs[1]]
+    for one, other in zip(*logs, strict=True):
+        assert one.keys() == other.keys()
+        for key in one:  # equal as text on the CPU; to rounding on a GPU
+            if one[key] != other[key]:
+                assert float(one[key]) == pytest.approx(float(other[key]), rel=1e-7, abs=1e-9)
     rungs = [int(row["rung"]) for row in logs[0]]
     for output in range(0, len(rungs), 4):  # a permutation of the ladder at every output
         assert sorted(rungs[output : output + 4]) == [0, 1, 2, 3]
@@ -150,7 +158,7 @@ def test_a_resumed_exchange_run_continues_exactly(tmp_path):
                 for f in by_rung
                 if f.info["step"] == frame.info["step"] and f.info["system"] == rung
             )
-            np.testing.assert_array_equal(same.positions, frame.positions)
+            np.testing.assert_array_equal(same.positions, frame.positions)  # one run's frames
             assert same.get_potential_energy() == frame.get_potential_energy()
 
 

@@ -9,7 +9,7 @@ import json
 import ase.build
 import numpy as np
 import pytest
-from conftest import run_fastmace
+from conftest import run_fastmace, same_trajectory_atol_A
 
 import fastmace as fm
 from fastmace.cli.md import read_config
@@ -34,7 +34,10 @@ def test_each_replica_follows_its_own_stream_as_it_would_alone():
     for index in (0, 2):
         alone = fm.md(copper(), **{**COMMON, "seed": COMMON["seed"] + index})
         np.testing.assert_allclose(
-            result.structures[index].positions, alone.structures[0].positions, rtol=0, atol=1e-9
+            result.structures[index].positions,
+            alone.structures[0].positions,
+            rtol=0,
+            atol=same_trajectory_atol_A(),
         )
 
 
@@ -47,7 +50,10 @@ def test_systems_whose_cells_overlap_in_space_never_interact():
     for index, atoms in enumerate((first, second)):
         alone = fm.md(atoms, **{**COMMON, "seed": COMMON["seed"] + index})
         np.testing.assert_allclose(
-            batch.structures[index].positions, alone.structures[0].positions, rtol=0, atol=1e-9
+            batch.structures[index].positions,
+            alone.structures[0].positions,
+            rtol=0,
+            atol=same_trajectory_atol_A(),
         )
 
 
