@@ -196,3 +196,24 @@ def test_a_block_redone_after_a_regrowth_exchanges_once(demo):
     np.testing.assert_allclose(
         tight.engine.md.state.positions, roomy.engine.md.state.positions, atol=1e-10
     )
+
+
+def test_the_command_line_takes_a_ladder_or_one_temperature_per_replica(clean_env, tmp_path):
+    from conftest import EXAMPLE, run_fastmace
+
+    common = ["md", str(EXAMPLE), "--model", "demo-emt-cu", "--ensemble", "nvt-csvr",
+              "--replicas", "3", "--exchange-every", "5", "--steps", "10"]  # fmt: skip
+    ladder = run_fastmace([*common, "--ladder", "300,432", "-o", str(tmp_path / "a")], clean_env)
+    assert ladder.returncode == 0, ladder.stderr
+    assert "nvt-csvr at 300/360/432 K" in ladder.stdout
+    assert "exchange:  every 5 steps" in ladder.stdout
+    listed = run_fastmace(
+        [*common, "--temperature", "300,360,432", "-o", str(tmp_path / "b")], clean_env
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "nvt-csvr at 300/360/432 K" in listed.stdout
+    both = run_fastmace([*common, "--ladder", "300,432", "--temperature", "300"], clean_env)
+    assert both.returncode != 0 and "give --ladder or --temperature, not both" in both.stderr
+    alone = run_fastmace(["md", str(EXAMPLE), "--model", "demo-emt-cu", "--ladder", "300,400"],
+                         clean_env)  # fmt: skip
+    assert alone.returncode != 0 and "--ladder needs --replicas 2 or more" in alone.stderr

@@ -57,6 +57,25 @@ def _repeat(text: str) -> tuple[int, ...]:
     return counts * 3 if len(counts) == 1 else counts
 
 
+def _temperatures(text: str) -> float | list[float]:
+    """``300`` or one temperature per system, ``300,350,400``."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--temperature takes K or K1,K2,... (one per system), got {text!r}"
+        ) from None
+    return values[0] if len(values) == 1 else values
+
+
+def _ladder(text: str) -> tuple[float, float]:
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ladder takes LOW,HIGH in K, got {text!r}") from None
+    return low, high
+
+
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     md = commands.add_parser(
         "md", help="run MD of a structure file with a MACE model (writes a run directory)"
@@ -85,10 +104,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     md.add_argument(
         "--temperature",
-        type=float,
+        type=_temperatures,
         dest="temperature_K",
         metavar="K",
-        help="target temperature in K (needed by nvt and npt)",
+        help="target temperature in K (needed by nvt and npt); K1,K2,... gives one per system",
     )
     md.add_argument(
         "--pressure",
@@ -150,8 +169,15 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="replica exchange between the replicas every N steps, 0 for none; --temperature "
-        "gives one temperature per replica, lowest first (default: %(default)s)",
+        help="replica exchange between the replicas every N steps, 0 for none; --ladder or "
+        "--temperature K1,K2,... gives the rungs, lowest first (default: %(default)s)",
+    )
+    md.add_argument(
+        "--ladder",
+        type=_ladder,
+        metavar="LOW,HIGH",
+        help="temperatures in K from LOW to HIGH in equal ratios, one per replica (for "
+        "--exchange-every; instead of --temperature)",
     )
     md.add_argument(
         "--replicas",
@@ -310,6 +336,14 @@ def _md(args: argparse.Namespace) -> int:
     options = {key: value for key, value in vars(args).items()
                if key in RUN_KEYS or key in RUNNER_KEYS or key in ENSEMBLE_SETTINGS}  # fmt: skip
     options = {key: value for key, value in options.items() if value is not None}
+    if args.ladder is not None:
+        if "temperature_K" in options:
+            raise RequestError("give --ladder or --temperature, not both", "temperature_K")
+        from fastmace.dynamics.replica_exchange import geometric_ladder
+
+        if args.replicas < 2:
+            raise RequestError("--ladder needs --replicas 2 or more: one replica per rung")
+        options["temperature_K"] = geometric_ladder(*args.ladder, args.replicas)
     if "environment" in options:
         options["environment"] = dict(options["environment"])
     if "guard" in options:
