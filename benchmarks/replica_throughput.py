@@ -89,6 +89,7 @@ def run_case(
         "status": "ok", "ms_per_step": ms_per_step, "replicas": replicas,
         "atom_steps_per_s": atoms / (ms_per_step / 1000), "steps_timed": blocks * block,
         "last_launch": engine.last_launch, "regrowths": engine.regrowths,
+        "capture_failure": engine.capture_failure,
         "peak_memory_GiB": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0,
     }  # fmt: skip
     if exchange:

@@ -135,11 +135,13 @@ def test_a_resumed_exchange_run_continues_exactly(tmp_path):
         for row in log:
             del row["ns_per_day"]  # the speed of the moment: differs between any two runs
     assert [row["rung"] for row in logs[0]] == [row["rung"] for row in logs[1]]
+    on_cpu = same_trajectory_atol_A() < 1e-8
     for one, other in zip(*logs, strict=True):
         assert one.keys() == other.keys()
         for key in one:  # equal as text on the CPU; to rounding on a GPU
-            if one[key] != other[key]:
-                assert float(one[key]) == pytest.approx(float(other[key]), rel=1e-7, abs=1e-9)
+            if one[key] != other[key]:  # float32 model energies on the H200: 4.8e-7 eV apart
+                assert not on_cpu, (key, one[key], other[key])
+                assert float(one[key]) == pytest.approx(float(other[key]), rel=1e-5, abs=1e-5)
     rungs = [int(row["rung"]) for row in logs[0]]
     for output in range(0, len(rungs), 4):  # a permutation of the ladder at every output
         assert sorted(rungs[output : output + 4]) == [0, 1, 2, 3]
