@@ -122,6 +122,35 @@ def test_auto_picks_dense_for_tiny_and_binned_for_large() -> None:
     assert NeighbourList(large, CUTOFF, SKIN).method == "binned"
 
 
+@pytest.mark.parametrize("cell", [[20, 20.5, 21], [[20, 0, 0], [5, 20, 0], [-3, 4, 21]]])
+def test_a_long_radius_gets_bins_narrower_than_it_and_the_same_edges(cell) -> None:
+    # D3's list in miniature: a radius about a third of the cell. Bins a half or a third of the
+    # radius wide (a wider stencil) examine far fewer candidates, and must find every pair.
+    from fastmace.dynamics.neighbours import (
+        FINER_BINS_MIN_GAIN,
+        _bin_capacity,
+        _locate,
+        _plan_grid,
+    )
+
+    rng = np.random.default_rng(5)
+    atoms = random_atoms(rng, 1200, cell)  # two coarse bins per direction, 170 atoms each
+    state = State.from_atoms(atoms)
+    radius = 7.0
+    nl = NeighbourList(state, radius - SKIN, SKIN, method="binned")
+    assert nl.grid.stencil.shape[0] > 27  # finer than one radius per bin
+    coarse = _plan_grid(state, radius, "binned", 0.05)
+
+    def candidates(grid) -> int:
+        occupancy = int(_locate(grid, state)[3].max())
+        return grid.stencil.shape[0] * _bin_capacity("binned", occupancy, 1.25)
+
+    assert candidates(coarse) >= FINER_BINS_MIN_GAIN * candidates(nl.grid)
+    edges = nl.build(state)
+    assert not bool(edges.overflow)
+    assert our_edges(edges) == ase_edges(atoms, radius)
+
+
 def test_update_before_any_build_rebuilds() -> None:
     atoms = structures()["slab"][0]
     state = State.from_atoms(atoms)

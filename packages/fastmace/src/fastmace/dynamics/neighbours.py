@@ -501,18 +501,30 @@ def _candidates(
 # Host-side planning: numpy on copies of the state, run once per list.
 
 
+# Bins narrower than the radius (a half or a third of it, with a wider stencil of bins) hug
+# the sphere of neighbours more closely: for a long radius in a box only a few radii wide
+# (D3's 23 Å list in a 67 Å cell) they examine 3.7 times fewer candidates. They are taken only
+# when they cut the candidates by this factor at least, so a short list keeps its coarse grid.
+FINER_BIN_SCALES = (0.5, 1.0 / 3.0)
+FINER_BINS_MIN_GAIN = 1.5
+
+
 def _choose_grid(
     state: State, radius: float, method: str, margin: float, headroom: float
 ) -> tuple[_Grid, int]:
-    """Plan the grid for ``method``, or for both and keep the cheaper one when "auto"."""
+    """Plan the grid for ``method``, or for both and keep the cheaper one when "auto"; a binned
+    grid of bins narrower than the radius replaces the plain one if it is much cheaper."""
     methods = ("dense", "binned") if method == "auto" else (method,)
     best = None
     for name in methods:
-        grid = _plan_grid(state, radius, name, margin)
-        occupancy = int(_locate(grid, state)[3].max())
-        cost = grid.stencil.shape[0] * _bin_capacity(name, occupancy, headroom)
-        if best is None or cost < best[0]:
-            best = (cost, grid, occupancy)
+        scales = (1.0, *FINER_BIN_SCALES) if name == "binned" else (1.0,)
+        for scale in scales:
+            grid = _plan_grid(state, radius, name, margin, scale)
+            occupancy = int(_locate(grid, state)[3].max())
+            cost = grid.stencil.shape[0] * _bin_capacity(name, occupancy, headroom)
+            needed = 1.0 if scale == 1.0 else FINER_BINS_MIN_GAIN
+            if best is None or cost * needed < best[0]:
+                best = (cost, grid, occupancy)
     return best[1], best[2]
 
 
@@ -523,8 +535,11 @@ def _bin_capacity(method: str, occupancy: int, headroom: float) -> int:
     return max(math.ceil(occupancy * headroom), occupancy + 2)
 
 
-def _plan_grid(state: State, radius: float, method: str, margin: float) -> _Grid:
-    """Bins and stencil for every system of ``state``; reads the state back to the host."""
+def _plan_grid(
+    state: State, radius: float, method: str, margin: float, scale: float = 1.0
+) -> _Grid:
+    """Bins (for "binned", at least ``scale`` times the radius wide) and stencil for every
+    system of ``state``; reads the state back to the host."""
     cells = state.cell.detach().cpu().numpy()
     pbc = state.pbc.detach().cpu().numpy().astype(bool)
     positions = state.positions.detach().cpu().numpy()
@@ -542,7 +557,7 @@ def _plan_grid(state: State, radius: float, method: str, margin: float) -> _Grid
         fractional = positions[system == index] @ reciprocal
         plan = _SystemGrid(pbc[index], np.linalg.norm(reciprocal, axis=0), fractional, reach)
         if method == "binned":
-            plan.split()
+            plan.split(scale)
         bins[index], width[index], origin[index], half_width[index] = plan.arrays()
 
     reach_bins = half_width.max(axis=0)  # one stencil for all systems: the widest one
