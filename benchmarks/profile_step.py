@@ -152,7 +152,7 @@ def graph_ms(function: Any, repeats: int = 20, generators: tuple = ()) -> float:
     return start.elapsed_time(stop) / repeats
 
 
-def component_split(simulation: Simulation) -> dict[str, float]:
+def component_split(simulation: Simulation) -> dict[str, Any]:
     """Each part of the step captured alone (state and list as they are now)."""
     force_field = simulation.engine.force_field
     neighbours, potential = force_field.neighbours, force_field.potential
@@ -172,15 +172,24 @@ def component_split(simulation: Simulation) -> dict[str, float]:
         "one step (search, model edges, potential, integrator)": lambda: step(md, force_field),
     }
     term = force_field.dispersion
+    kernels = {}
     if term is not None:  # D3(BJ) on its own list: its search and its evaluation alone
         work["D3 list search (rebuild)"] = lambda: term.neighbours.rebuild(state, term.edges)
-        work["D3 energy and forces"] = lambda: term.d3(state, term.edges, stress)
-    split = {}
+        chosen = term.d3.kernel
+        kernels = {f"D3 energy and forces ({kernel})": kernel for kernel in ("torch", "triton")}
+        for name in kernels:
+            work[name] = lambda: term.d3(state, term.edges, stress)
+    split: dict[str, Any] = {}
     for name, function in work.items():
+        if name in kernels:
+            term.d3.kernel = kernels[name]  # each evaluation with the kernels it names
         try:
             split[name] = graph_ms(function, generators=generators)
         except Exception as error:  # record and go on: a profile, not a test
             split[name] = f"{type(error).__name__}: {error}"[:300]
+    if term is not None:
+        term.d3.kernel = chosen
+        split["D3 kernel chosen"] = term.kernel_choice
     return split
 
 

@@ -15,6 +15,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 12  # D3 and hybrid, next session
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 13  # hybrid and D3 profiles, 13,824
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 14  # replicas' throughput, exchange
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 15  # D3's fused kernels, next session
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -165,6 +166,21 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   timeout 230 python3 benchmarks/replica_throughput.py --replicas 1,64,256 --exchange 64 \
     --seconds 3 --out "$OUT/replicas" > "$OUT/replicas.log" 2>&1
   echo "replicas: exit $?"
+  ;;
+15)
+  # The next session's first call: D3's fused Triton kernels compiled (tests), then D3's cost
+  # with them at 1,728 and 13,824 atoms beside the plain step, and the profile with both
+  # kernels timed alone; the narrower bins of D3's list are in the same numbers.
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    "$tests/test_dispersion_triton.py" > "$OUT/gpu_tests_d3_triton.txt" 2>&1
+  echo "D3 triton tests: exit $? ($(tail -1 "$OUT/gpu_tests_d3_triton.txt"))"
+  timeout 260 python3 benchmarks/md_speed.py --out "$OUT/speed" --budget-s 240 \
+    --case-timeout-s 120 > "$OUT/speed.log" 2>&1 --only \
+    "mp0-medium/1728/fastmace-cueq-d3,mp0-medium/13824/fastmace-cueq,mp0-medium/13824/fastmace-cueq-d3"
+  echo "speed: exit $?"
+  timeout 170 python3 benchmarks/profile_step.py --dispersion --atoms 13824 --no-operators \
+    --timed-blocks 2 --out "$OUT/profile-d3" > "$OUT/profile-d3.log" 2>&1
+  echo "D3 profile: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

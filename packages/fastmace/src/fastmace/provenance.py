@@ -323,7 +323,8 @@ def _dispersion_summary(term: Any) -> str:
     record = term.record()
     return (
         f"D3(BJ), {record['functional']} parameters, cutoff {record['cutoff_A']:.2f} Å "
-        f"(CN {record['cn_cutoff_A']:.2f} Å), two-body, edge capacity {record['edge_capacity']}"
+        f"(CN {record['cn_cutoff_A']:.2f} Å), two-body, edge capacity {record['edge_capacity']}, "
+        f"kernel {record['kernel']}"
     )
 
 

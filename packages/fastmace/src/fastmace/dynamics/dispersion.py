@@ -51,6 +51,10 @@ MAX_ATOMIC_NUMBER = 94  # the reference table covers H to Pu
 # least once per block); the 2 Å skin adds about 22 % more pairs at the default cutoff.
 DISPERSION_SKIN_A = 2.0
 DISPERSION_SEARCH_FACTOR = 4
+KERNELS = ("torch", "triton")
+# The fused kernels are used only within this relative difference of the torch version on the
+# run's first state (float64 rounding: 1e-13 to 1e-16 was measured on the CPU interpreter).
+FUSED_TOLERANCE = 1e-10
 
 
 class DispersionError(ValueError):
@@ -147,6 +151,9 @@ class D3BJ(torch.nn.Module):
         three_body: the Axilrod-Teller-Muto term; not implemented yet (mace-torch's default
             leaves it off too).
         device: where the reference tables live (the state's device).
+        kernel: "torch" (passes over the pair list in torch, any device) or "triton" (three
+            fused kernels, one program per atom: dispersion_triton.py; CUDA, or Triton's
+            interpreter). The same numbers either way.
 
     The edges must hold every pair within ``cutoff`` in both directions; longer pairs and
     padding slots contribute exactly zero.
@@ -161,8 +168,12 @@ class D3BJ(torch.nn.Module):
         cn_cutoff: float = DEFAULT_CN_CUTOFF_A,
         three_body: bool = False,
         device: torch.device | str = "cpu",
+        kernel: str = "torch",
     ) -> None:
         super().__init__()
+        if kernel not in KERNELS:
+            raise DispersionError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+        self.kernel = kernel
         if three_body:
             raise DispersionError(
                 "the D3 three-body (ATM) term is not implemented yet; run with "
@@ -206,6 +217,8 @@ class D3BJ(torch.nn.Module):
         if they are not, every result is NaN (a guard stops the run) rather than wrong.
         """
         with torch.no_grad():
+            if self.kernel == "triton":
+                return self._evaluate_fused(state, edges, compute_stress)
             return self._evaluate(state, edges, compute_stress)
 
     def _evaluate(self, state: State, edges: Edges, compute_stress: bool) -> PotentialOutput:
@@ -305,23 +318,70 @@ class D3BJ(torch.nn.Module):
         w_sender . C6ref . w_receiver; per atom, C6ref . w (and C6ref . dw/dCN) towards each
         of the run's species is formed once, and each edge gathers rows of five.
         """
-        gap = cn[:, None] - self.cn_reference[numbers]
-        present = self.present[numbers]
-        logits = (-WEIGHT_STEEPNESS * gap * gap).masked_fill(~present, -torch.inf)
-        weights = torch.softmax(logits, dim=-1)  # (N, 5)
-        logit_slope = torch.where(present, -2.0 * WEIGHT_STEEPNESS * gap, 0.0)
-        mean_slope = (weights * logit_slope).sum(dim=-1, keepdim=True)
-        weight_slope = weights * (logit_slope - mean_slope)  # d softmax / d CN
-        table = self.c6_towards[numbers]
-        species = table.shape[1]
+        weights, weight_slope = self._weights(numbers, cn)
+        species = self.c6_towards.shape[1]
         row = sender * species + self.slot[numbers.index_select(0, receiver)]
         partner = weights.index_select(0, receiver)
         values = []
-        for per_atom in (weights, weight_slope):
-            towards = torch.einsum("na,nkab->nkb", per_atom, table)  # (N, k, 5)
+        for towards in self._towards(numbers, weights, weight_slope):
             rows = towards.reshape(-1, towards.shape[2]).index_select(0, row)
             values.append((rows * partner).sum(dim=-1))
         return values[0], values[1]
+
+    def _weights(self, numbers: torch.Tensor, cn: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(N, 5) Gaussian weights of each atom's reference coordination numbers, and their
+        derivatives with respect to its coordination number."""
+        gap = cn[:, None] - self.cn_reference[numbers]
+        present = self.present[numbers]
+        logits = (-WEIGHT_STEEPNESS * gap * gap).masked_fill(~present, -torch.inf)
+        weights = torch.softmax(logits, dim=-1)
+        logit_slope = torch.where(present, -2.0 * WEIGHT_STEEPNESS * gap, 0.0)
+        mean_slope = (weights * logit_slope).sum(dim=-1, keepdim=True)
+        return weights, weights * (logit_slope - mean_slope)  # d softmax / d CN
+
+    def _towards(self, numbers: torch.Tensor, *per_atom: torch.Tensor) -> list[torch.Tensor]:
+        """For each (N, 5) per-atom vector w: w . C6ref towards each species, (N, k, 5)."""
+        table = self.c6_towards[numbers]
+        return [torch.einsum("na,nkab->nkb", w, table) for w in per_atom]
+
+    def _evaluate_fused(self, state: State, edges: Edges, compute_stress: bool) -> PotentialOutput:
+        """The same numbers as :meth:`_evaluate` from three fused kernels over each atom's
+        run of the sender-sorted list (dispersion_triton.py); per-atom work in torch."""
+        from fastmace.dynamics import dispersion_triton as fused
+
+        n_atoms, device = state.n_atoms, state.positions.device
+        mask = edges.mask
+        key = torch.where(mask, edges.edge_index[0], n_atoms)  # padding after every atom
+        ordered = (key[1:] >= key[:-1]).all()
+        bounds = torch.searchsorted(key, torch.arange(n_atoms + 1, device=device))
+        receiver = edges.edge_index[1].contiguous()
+        shifts = edges.unit_shifts.contiguous()
+        units = (BOHR_A, HARTREE_EV, COUNTING_STEEPNESS)
+        pairs = (self, state, receiver, shifts, bounds)
+        cn = fused.coordination_numbers(*pairs, units)
+        numbers = state.atomic_numbers
+        weights, weight_slope = self._weights(numbers, cn)
+        towards, towards_slope = (t.contiguous() for t in self._towards(numbers, weights,
+                                                                        weight_slope))  # fmt: skip
+        weights = weights.contiguous()
+        atom_energy, cn_slope = fused.energies_and_cn_slopes(
+            *pairs, towards, towards_slope, weights, units
+        )
+        forces, strain = fused.forces_and_strain(*pairs, towards, weights, cn_slope, units)
+        energy = torch.zeros(state.n_systems, dtype=atom_energy.dtype, device=device)
+        energy = torch.where(ordered, energy.index_add(0, state.system, atom_energy), torch.nan)
+        forces = torch.where(ordered, forces, torch.nan)
+        if not compute_stress:
+            return PotentialOutput(energy=energy, forces=forces)
+        strain_derivative = torch.zeros(
+            state.n_systems, 9, dtype=energy.dtype, device=device
+        ).index_add(0, state.system, strain)
+        strain_derivative = torch.where(ordered, strain_derivative.view(-1, 3, 3), torch.nan)
+        volume = _cell_volume(state.cell).view(-1, 1, 1)
+        stress = torch.where(volume > 0, strain_derivative / volume, torch.zeros_like(volume))
+        return PotentialOutput(
+            energy=energy, forces=forces, virial=-strain_derivative, stress=stress
+        )
 
 
 def _segment_sums(values: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
@@ -356,17 +416,49 @@ class DispersionTerm:
         self.d3 = d3
         self.neighbours = neighbours
         self.edges = edges
+        self.kernel_choice = f"{d3.kernel} (as constructed)"
 
     @classmethod
     def for_state(cls, state: State, functional: str, skin: float) -> DispersionTerm:
-        """The term for ``state``'s elements and ``functional``, its list planned and built."""
+        """The term for ``state``'s elements and ``functional``, its list planned and built,
+        and on CUDA its kernels chosen (:meth:`choose_kernel`)."""
         d3 = D3BJ(
             D3BJParameters.for_functional(functional),
             state.atomic_numbers.tolist(),
             device=state.device,
         )
         neighbours = NeighbourList(state, d3.cutoff, max(skin, DISPERSION_SKIN_A))
-        return cls(d3, neighbours, neighbours.build(state))
+        term = cls(d3, neighbours, neighbours.build(state))
+        term.choose_kernel(state)
+        return term
+
+    def choose_kernel(self, state: State) -> str:
+        """On CUDA, the fused Triton kernels if they give the torch version's energy, forces
+        and stress on ``state`` (checked once, here, outside any capture); otherwise, and off
+        CUDA, the torch version. Returns and keeps the choice with its reason."""
+        self.d3.kernel = "torch"
+        if state.device.type != "cuda":
+            self.kernel_choice = "torch (not on CUDA)"
+            return self.kernel_choice
+        try:
+            want = self.d3(state, self.edges, compute_stress=True)
+            self.d3.kernel = "triton"
+            got = self.d3(state, self.edges, compute_stress=True)
+            error = max(
+                float((getattr(got, name) - getattr(want, name)).abs().max())
+                / max(float(getattr(want, name).abs().max()), 1e-300)
+                for name in ("energy", "forces", "stress")
+            )
+        except Exception as failure:  # a kernel that cannot compile or run: keep torch's
+            self.d3.kernel = "torch"
+            self.kernel_choice = f"torch (the Triton kernels failed: {type(failure).__name__})"
+            return self.kernel_choice
+        if not error <= FUSED_TOLERANCE:
+            self.d3.kernel = "torch"
+            self.kernel_choice = f"torch (the Triton kernels differ by {error:.1e})"
+        else:
+            self.kernel_choice = f"triton (within {error:.1e} of torch's on the first state)"
+        return self.kernel_choice
 
     def record(self) -> dict[str, object]:
         """What metadata.json and the report say of it."""
@@ -381,6 +473,7 @@ class DispersionTerm:
             "skin_A": self.neighbours.skin,
             "search_factor": DISPERSION_SEARCH_FACTOR,
             "edge_capacity": self.neighbours.capacity,
+            "kernel": self.kernel_choice,
             "reference": "torch-dftd's D3 tables and parameters",
         }
 
