@@ -124,6 +124,20 @@ def test_a_resumed_exchange_run_continues_exactly(tmp_path):
         return next(line for line in result.report.splitlines() if line.startswith("exchange:"))
 
     assert exchange_line(resumed) == exchange_line(whole)
+    # metadata.json: the ladder, each walker's rung and the statistics, against its schema.
+    import json
+
+    import jsonschema
+
+    from fastmace.provenance import SCHEMA
+
+    document = json.loads((tmp_path / "pieces" / "metadata.json").read_text())
+    jsonschema.validate(document, json.loads(SCHEMA.read_text()))
+    record = document["engine"]["exchange"]
+    assert record["every"] == 5 and record["ladder_K"] == pytest.approx(common["temperature_K"])
+    assert sorted(record["rung_of_walker"]) == [0, 1, 2, 3]
+    assert sum(record["attempts"]) == 12  # 8 exchanges: 2, 1, 2, 1, ... pairs tried
+    assert exchange_line(whole).endswith(f"({sum(record['attempts'])} tried)")
     for one, other in zip(whole.structures, resumed.structures, strict=True):
         np.testing.assert_allclose(
             one.positions, other.positions, rtol=0, atol=same_trajectory_atol_A()

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import fastmace
+from fastmace.dynamics.integrators.units import KB_EV_PER_K
 from fastmace.io.plot import INSTALL_HINT, can_plot
 from fastmace.oeq import host_extension
 from fastmace.runtime import environment
@@ -279,6 +280,11 @@ def engine_record(simulation: Simulation) -> dict[str, Any]:
             simulation.guard.record()
             if simulation.guard is not None
             else simulation.engine_settings.guard.to_dict()
+        ),
+        "exchange": (
+            simulation.exchange.record(1.0 / KB_EV_PER_K)
+            if getattr(simulation, "exchange", None) is not None
+            else None
         ),
     }
 

@@ -118,6 +118,19 @@ class ReplicaExchange:
             self.steps_since.fill_(int(saved.get("steps_since", 0)))
         self.generator.set_state(torch.frombuffer(bytearray(saved["generator"]), dtype=torch.uint8))
 
+    def record(self, kelvin_per_eV: float) -> dict[str, Any]:
+        """What metadata.json says of the exchanges so far (host reads)."""
+        attempts, accepted = self.attempts.tolist(), self.accepted.tolist()
+        return {
+            "every": self.every,
+            "ladder_K": (self.ladder_kT * kelvin_per_eV).tolist(),
+            "rung_of_walker": self.rung.tolist(),
+            "attempts": attempts,
+            "accepted": accepted,
+            "acceptance": [made / tried if tried else None
+                           for made, tried in zip(accepted, attempts, strict=True)],
+        }  # fmt: skip
+
     def walkers(self) -> torch.Tensor:
         """(M,) the walker at each rung (the inverse of ``rung``)."""
         inverse = torch.empty_like(self.rung)
