@@ -274,9 +274,11 @@ def md(
         ensemble_settings["pressure_GPa"] = pressures.points[0][1]
     chosen = make_ensemble(ensemble, **ensemble_settings)
     if timestep_fs is None:  # a resumed run keeps its timestep unless another is given
+        from fastmace.batching import batch_directories
         from fastmace.resuming import saved_timestep_fs
 
-        saved = saved_timestep_fs(output) if resume else None
+        batches = batch_directories(output) if resume else []
+        saved = saved_timestep_fs(batches[0] if batches else output) if resume else None
         timestep_fs = DEFAULT_TIMESTEP_FS if saved is None else saved
     units, structures = request.units, request.structures
     if initial_temperature_K is None and not resume:
@@ -306,6 +308,16 @@ def md(
         dispersion_functional=dispersion_functional,
         exchange_every=exchange_every,
     )
+    parts = [range(len(structures))]
+    if config.max_batch_atoms is not None:
+        from fastmace.batching import BatchError, split_into_batches
+
+        parts = split_into_batches([len(atoms) for atoms in structures], config.max_batch_atoms)
+        if len(parts) > 1 and exchange_every:
+            raise BatchError(
+                f"replica exchange needs all {len(structures)} replicas in one batch, and "
+                f"they hold more than max_batch_atoms={config.max_batch_atoms} atoms"
+            )
     with _planned_environment(plan):
         tick = time.perf_counter()
         loaded = _load_planned(
@@ -326,12 +338,29 @@ def md(
             )  # fmt: skip
             loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
             phases["gate_s"] = time.perf_counter() - tick
-        simulation = Simulation(
-            loaded, structures, settings, output, resume=resume, progress=progress,
-            gate=gate, fallbacks=fallbacks, plan=plan, phases=phases, called=called,
-            runner=runner_record(runner, in_child=_in_child_process),
-        )  # fmt: skip
-        return simulation.run()
+        if len(parts) == 1:
+            simulation = Simulation(
+                loaded, structures, settings, output, resume=resume, progress=progress,
+                gate=gate, fallbacks=fallbacks, plan=plan, phases=phases, called=called,
+                runner=runner_record(runner, in_child=_in_child_process),
+            )  # fmt: skip
+            return simulation.run()
+        from fastmace.batching import batch_output, batch_settings, merged_result
+
+        results = []
+        for number, part in enumerate(parts, start=1):
+            where = batch_output(output, number)
+            # A resumed request resumes the batches it had started and starts the others.
+            again = resume and where is not None and where.exists()
+            simulation = Simulation(
+                loaded, structures[part.start : part.stop],
+                batch_settings(settings, part, len(structures)), where, resume=again,
+                progress=progress, gate=gate, fallbacks=fallbacks, plan=plan,
+                phases=phases if number == 1 else {}, called=called,
+                runner=runner_record(runner, in_child=_in_child_process),
+            )  # fmt: skip
+            results.append(simulation.run())
+        return merged_result(results, parts, output)
 
 
 def relax(

@@ -53,6 +53,9 @@ class EngineConfig:
     guard: GuardConfig | None = None
     """The physical bounds checked every block (None: the defaults; False: off; a mapping of
     bounds, as a run config's ``[guard]`` table, is made a GuardConfig)."""
+    max_batch_atoms: int | None = None
+    """At most this many atoms in one batch: a larger request runs as several batches, one
+    after another (fastmace.batching); None: one batch."""
 
     def __post_init__(self) -> None:
         for name in ("backend", "dtype"):
@@ -72,6 +75,7 @@ class EngineConfig:
                 )
         _whole_at_least("edge_capacity", self.edge_capacity, 1)
         _whole_at_least("block_steps", self.block_steps, 1)
+        _whole_at_least("max_batch_atoms", self.max_batch_atoms, 1)
         if self.headroom is not None and not (_finite(self.headroom) and self.headroom >= 1):
             raise ValueError(
                 f"EngineConfig(headroom={self.headroom!r}) is not allowed: use a number >= 1 "

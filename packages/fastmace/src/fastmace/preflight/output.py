@@ -44,11 +44,15 @@ def check_run_directory(
             )
         return
     directory = RunDirectory(Path(output))
-    if resume:
-        directory.check_can_resume()
+    if not resume:
+        directory.check_can_create()
+        return
+    from fastmace.batching import batch_directories
+
+    # A request that ran in batches resumes each batch it had started.
+    for each in [RunDirectory(path) for path in batch_directories(output)] or [directory]:
+        each.check_can_resume()
         if steps is not None:  # here: at the run's start the files are already cut back
-            fewer = too_few_steps(steps, restart_step(directory.restart_path), directory.path)
+            fewer = too_few_steps(steps, restart_step(each.restart_path), each.path)
             if fewer is not None:
                 raise RequestError(fewer, "steps")
-    else:
-        directory.check_can_create()
