@@ -308,16 +308,9 @@ def md(
         dispersion_functional=dispersion_functional,
         exchange_every=exchange_every,
     )
-    parts = [range(len(structures))]
-    if config.max_batch_atoms is not None:
-        from fastmace.batching import BatchError, split_into_batches
-
-        parts = split_into_batches([len(atoms) for atoms in structures], config.max_batch_atoms)
-        if len(parts) > 1 and exchange_every:
-            raise BatchError(
-                f"replica exchange needs all {len(structures)} replicas in one batch, and "
-                f"they hold more than max_batch_atoms={config.max_batch_atoms} atoms"
-            )
+    # An explicit limit is checked before anything is loaded; on CUDA, without one, a batch
+    # of several systems is sized from the memory one structure takes (after the load).
+    parts = _batches(structures, config.max_batch_atoms, exchange_every)
     with _planned_environment(plan):
         tick = time.perf_counter()
         loaded = _load_planned(
@@ -338,6 +331,11 @@ def md(
             )  # fmt: skip
             loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
             phases["gate_s"] = time.perf_counter() - tick
+        if config.max_batch_atoms is None and len(structures) > 1:
+            from fastmace.batching import automatic_max_atoms
+
+            limit = automatic_max_atoms(loaded, structures, engine.skin_A)
+            parts = _batches(structures, limit, exchange_every)
         if len(parts) == 1:
             simulation = Simulation(
                 loaded, structures, settings, output, resume=resume, progress=progress,
@@ -361,6 +359,22 @@ def md(
             )  # fmt: skip
             results.append(simulation.run())
         return merged_result(results, parts, output)
+
+
+def _batches(structures: list[ase.Atoms], max_atoms: int | None, exchange_every: int) -> list:
+    """The request's systems as consecutive batches of at most ``max_atoms`` atoms (one batch
+    for None); replica exchange needs all its replicas in one."""
+    from fastmace.batching import BatchError, split_into_batches
+
+    if max_atoms is None:
+        return [range(len(structures))]
+    parts = split_into_batches([len(atoms) for atoms in structures], max_atoms)
+    if len(parts) > 1 and exchange_every:
+        raise BatchError(
+            f"replica exchange needs all {len(structures)} replicas in one batch, and they "
+            f"hold more than {max_atoms} atoms, what one batch may hold here"
+        )
+    return parts
 
 
 def relax(

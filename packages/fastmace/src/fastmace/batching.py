@@ -98,3 +98,56 @@ def merged_result(results: Sequence[MDResult], parts: Sequence[range], output: A
 
 def _per_system(value: Any, n_systems: int) -> bool:
     return isinstance(value, list | tuple) and len(value) == n_systems and n_systems > 1
+
+
+# Of the device memory free before a run, the share its batches may plan on: the rest covers
+# the allocator's fragmentation, CUDA graphs' pools and what the probe cannot see.
+MEMORY_SHARE = 0.7
+
+
+def measured_peak_bytes(loaded: Any, structures: Sequence[Any], skin_A: float) -> int:
+    """Peak device memory of one force evaluation (neighbour list built, model forward and
+    forces) of ``structures`` as one batch, measured on the model's CUDA device."""
+    import torch
+
+    from fastmace.dynamics.neighbours import NeighbourList
+    from fastmace.dynamics.potential import Potential
+    from fastmace.dynamics.state import State
+
+    device = torch.device(loaded.device)
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    state = State.from_atoms(list(structures), device=device)
+    potential = Potential.from_loaded(loaded, state.atomic_numbers)
+    neighbours = NeighbourList(state, potential.r_max, skin_A)
+    edges = neighbours.cutoff_edges(state, neighbours.build(state))
+    potential(state, edges, compute_stress=False)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del state, potential, neighbours, edges
+    torch.cuda.empty_cache()
+    return int(peak)
+
+
+# Copies of the largest structure the probe evaluates against one: the difference is the
+# memory each further atom takes (one structure alone carries fixed costs too).
+PROBE_COPIES = 4
+
+
+def automatic_max_atoms(loaded: Any, structures: Sequence[Any], skin_A: float) -> int | None:
+    """On CUDA, how many atoms one batch may hold: the memory free now against the memory
+    each further atom takes, measured on one and on a few copies of the request's largest
+    structure. None off CUDA (one batch)."""
+    import torch
+
+    if torch.device(loaded.device).type != "cuda":
+        return None
+    largest = max(structures, key=len)
+    one = measured_peak_bytes(loaded, [largest], skin_A)
+    several = measured_peak_bytes(loaded, [largest] * PROBE_COPIES, skin_A)
+    per_atom = max((several - one) / ((PROBE_COPIES - 1) * len(largest)), 1.0)
+    fixed = max(one - per_atom * len(largest), 0.0)
+    free, _total = torch.cuda.mem_get_info(torch.device(loaded.device))
+    return max(len(largest), int((MEMORY_SHARE * free - fixed) / per_atom))
