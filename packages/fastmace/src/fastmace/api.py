@@ -129,6 +129,7 @@ def md(
     repeat: Sequence[int] | int | None = None,
     replicas: int = 1,
     exchange_every: int = 0,
+    max_batch_atoms: int | None = None,
     initial_temperature_K: float | None = None,
     trajectory_every: int = 100,
     thermo_every: int = 100,
@@ -186,6 +187,11 @@ def md(
     structure: ``temperature_K`` gives one temperature per replica, lowest first (for instance
     ``fm.geometric_ladder(300, 600, 8)`` with ``replicas=8``), and every N steps neighbouring
     rungs swap temperatures by the Metropolis criterion, decided on the device.
+
+    A request too large for the device's memory runs as several batches of whole systems, one
+    after another (``batch-001/``, ... in the run directory; each system as it would run in
+    one batch): on CUDA the batch size comes from the memory a few copies of the largest
+    structure take, measured before the run; ``max_batch_atoms=N`` sets it.
 
     ``dispersion="d3bj"`` adds D3(BJ) dispersion (two-body, mace-torch's
     ``mace_mp(dispersion=True)`` cutoffs) with the parameters of the functional the model's
@@ -255,6 +261,7 @@ def md(
     config = engine_config(
         config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,
         graphs=graphs, compile=compile, matmul_precision=matmul_precision, guard=guard,
+        max_batch_atoms=max_batch_atoms,
     )  # fmt: skip
     # Everything that can be checked before a model is loaded or a directory created.
     request = check_request(structure, arguments, runner.environment)

@@ -33,7 +33,8 @@ from fastmace.vocabulary import (
 # Keys of a run config (TOML) besides the ensemble settings: fm.md's other arguments.
 RUN_KEYS = (
     "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
-    "repeat", "replicas", "exchange_every", "initial_temperature_K", "trajectory_every",
+    "repeat", "replicas", "exchange_every", "max_batch_atoms", "initial_temperature_K",
+    "trajectory_every",
     "thermo_every", "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
     "block_steps", "skin_A", "graphs", "compile", "matmul_precision", "resume", "check", "guard",
@@ -171,6 +172,14 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         metavar="N",
         help="replica exchange between the replicas every N steps, 0 for none; --ladder or "
         "--temperature K1,K2,... gives the rungs, lowest first (default: %(default)s)",
+    )
+    md.add_argument(
+        "--max-batch-atoms",
+        type=int,
+        dest="max_batch_atoms",
+        metavar="N",
+        help="run the systems in batches of at most N atoms, one after another (default: on "
+        "CUDA, sized from the memory measured before the run)",
     )
     md.add_argument(
         "--ladder",
