@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from profile_step import nacl  # noqa: E402 - the benchmark's structure
+from profile_step import nacl
 
-import fastmace as fm  # noqa: E402
+import fastmace as fm
 
 
 def main() -> None:
