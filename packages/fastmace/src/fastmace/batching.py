@@ -146,8 +146,12 @@ def automatic_max_atoms(loaded: Any, structures: Sequence[Any], skin_A: float) -
         return None
     largest = max(structures, key=len)
     one = measured_peak_bytes(loaded, [largest], skin_A)
-    several = measured_peak_bytes(loaded, [largest] * PROBE_COPIES, skin_A)
-    per_atom = max((several - one) / ((PROBE_COPIES - 1) * len(largest)), 1.0)
-    fixed = max(one - per_atom * len(largest), 0.0)
+    try:
+        several = measured_peak_bytes(loaded, [largest] * PROBE_COPIES, skin_A)
+        per_atom = max((several - one) / ((PROBE_COPIES - 1) * len(largest)), 1.0)
+        fixed = max(one - per_atom * len(largest), 0.0)
+    except torch.cuda.OutOfMemoryError:  # copies of a large structure: count it all per atom
+        torch.cuda.empty_cache()
+        per_atom, fixed = one / len(largest), 0.0
     free, _total = torch.cuda.mem_get_info(torch.device(loaded.device))
     return max(len(largest), int((MEMORY_SHARE * free - fixed) / per_atom))
