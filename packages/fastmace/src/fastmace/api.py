@@ -188,10 +188,9 @@ def md(
     ``fm.geometric_ladder(300, 600, 8)`` with ``replicas=8``), and every N steps neighbouring
     rungs swap temperatures by the Metropolis criterion, decided on the device.
 
-    A request too large for the device's memory runs as several batches of whole systems, one
-    after another (``batch-001/``, ... in the run directory; each system as it would run in
-    one batch): on CUDA the batch size comes from the memory a few copies of the largest
-    structure take, measured before the run; ``max_batch_atoms=N`` sets it.
+    ``max_batch_atoms=N`` runs a request of more atoms as several batches of whole systems,
+    one after another (``batch-001/``, ... in the run directory; each system as it would run
+    in one batch).
 
     ``dispersion="d3bj"`` adds D3(BJ) dispersion (two-body, mace-torch's
     ``mace_mp(dispersion=True)`` cutoffs) with the parameters of the functional the model's
@@ -315,8 +314,6 @@ def md(
         dispersion_functional=dispersion_functional,
         exchange_every=exchange_every,
     )
-    # An explicit limit is checked before anything is loaded; on CUDA, without one, a batch
-    # of several systems is sized from the memory one structure takes (after the load).
     parts = _batches(structures, config.max_batch_atoms, exchange_every)
     with _planned_environment(plan):
         tick = time.perf_counter()
@@ -338,11 +335,6 @@ def md(
             )  # fmt: skip
             loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
             phases["gate_s"] = time.perf_counter() - tick
-        if config.max_batch_atoms is None and len(structures) > 1:
-            from fastmace.batching import automatic_max_atoms
-
-            limit = automatic_max_atoms(loaded, structures, engine.skin_A)
-            parts = _batches(structures, limit, exchange_every)
         if len(parts) == 1:
             simulation = Simulation(
                 loaded, structures, settings, output, resume=resume, progress=progress,
