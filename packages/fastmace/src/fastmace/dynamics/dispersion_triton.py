@@ -44,17 +44,23 @@ def _pair(positions, cell, unit_shifts, receiver, edge, valid, x, y, z, row, boh
 
 
 @triton.jit
-def _coordination(
-    positions, cell, system, numbers, unit_shifts, receiver, bounds, rcov, cn,
-    bohr, cn_cutoff2, steepness, BLOCK: tl.constexpr,
-):  # fmt: skip
-    atom = tl.program_id(0)
+def _atom(positions, system, bounds, atom):
+    """The atom's run of edges, its position and the offset of its system's cell."""
     begin = tl.load(bounds + atom)
     end = tl.load(bounds + atom + 1)
     x = tl.load(positions + 3 * atom)
     y = tl.load(positions + 3 * atom + 1)
     z = tl.load(positions + 3 * atom + 2)
-    row = 9 * tl.load(system + atom)
+    return begin, end, x, y, z, 9 * tl.load(system + atom)
+
+
+@triton.jit
+def _coordination(
+    positions, cell, system, numbers, unit_shifts, receiver, bounds, rcov, cn,
+    bohr, cn_cutoff2, steepness, BLOCK: tl.constexpr,
+):  # fmt: skip
+    atom = tl.program_id(0)
+    begin, end, x, y, z, row = _atom(positions, system, bounds, atom)
     rcov_i = tl.load(rcov + tl.load(numbers + atom))
     total = tl.zeros([BLOCK], dtype=tl.float64)
     for start in range(begin, end, BLOCK):
@@ -102,12 +108,7 @@ def _energy(
     BLOCK: tl.constexpr, LANES: tl.constexpr,
 ):  # fmt: skip
     atom = tl.program_id(0)
-    begin = tl.load(bounds + atom)
-    end = tl.load(bounds + atom + 1)
-    x = tl.load(positions + 3 * atom)
-    y = tl.load(positions + 3 * atom + 1)
-    z = tl.load(positions + 3 * atom + 2)
-    row = 9 * tl.load(system + atom)
+    begin, end, x, y, z, row = _atom(positions, system, bounds, atom)
     r2r4_i = tl.load(r2r4 + tl.load(numbers + atom))
     energy = tl.zeros([BLOCK], dtype=tl.float64)
     slope = tl.zeros([BLOCK], dtype=tl.float64)
@@ -137,12 +138,7 @@ def _forces(
     BLOCK: tl.constexpr, LANES: tl.constexpr,
 ):  # fmt: skip
     atom = tl.program_id(0)
-    begin = tl.load(bounds + atom)
-    end = tl.load(bounds + atom + 1)
-    x = tl.load(positions + 3 * atom)
-    y = tl.load(positions + 3 * atom + 1)
-    z = tl.load(positions + 3 * atom + 2)
-    row = 9 * tl.load(system + atom)
+    begin, end, x, y, z, row = _atom(positions, system, bounds, atom)
     z_i = tl.load(numbers + atom)
     rcov_i = tl.load(rcov + z_i)
     r2r4_i = tl.load(r2r4 + z_i)
