@@ -158,8 +158,8 @@ class Simulation:
                 if guard.enabled
                 else None
             )  # fmt: skip
-            self._restart_payload = restart.payload if restart is not None else None
-            self.exchange = self._replica_exchange(md, state, resume)
+            saved_exchange = restart.payload.get("exchange") if restart is not None else None
+            self.exchange = self._replica_exchange(md, state, resume, saved_exchange)
             self.engine = Engine(
                 md,
                 settings.ensemble.step,
@@ -325,10 +325,13 @@ class Simulation:
             self.last_restart = step
         return rows
 
-    def _replica_exchange(self, md: Any, state: State, resume: bool) -> ReplicaExchange | None:
-        """The ladder and its swap statistics, when the run exchanges (host-side checks)."""
+    def _replica_exchange(
+        self, md: Any, state: State, resume: bool, saved: dict[str, Any] | None
+    ) -> ReplicaExchange | None:
+        """The ladder and its swap statistics, when the run exchanges (host-side checks);
+        ``saved``: the exchange's part of the restart being resumed, if any."""
         if not self.settings.exchange_every:
-            if resume and (self._restart_payload or {}).get("exchange") is not None:
+            if resume and saved is not None:
                 raise ValueError(
                     "the restart was written by a replica-exchange run: resume it with the "
                     "same exchange_every"
@@ -348,7 +351,7 @@ class Simulation:
             )
         generator = torch.Generator(device=state.device)
         generator.manual_seed(self.settings.seed + state.n_systems)  # apart from the systems'
-        saved = (self._restart_payload or {}).get("exchange") if resume else None
+        saved = saved if resume else None
         if resume and saved is None:
             raise ValueError(
                 "the restart was written by a run without replica exchange: resume it without "

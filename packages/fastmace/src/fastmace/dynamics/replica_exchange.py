@@ -133,10 +133,7 @@ class ReplicaExchange:
 
     def walkers(self) -> torch.Tensor:
         """(M,) the walker at each rung (the inverse of ``rung``)."""
-        inverse = torch.empty_like(self.rung)
-        return inverse.scatter_(
-            0, self.rung, torch.arange(self.rung.shape[0], device=self.rung.device)
-        )
+        return _inverse(self.rung)
 
     def exchange(self, energy: torch.Tensor, due: torch.Tensor | None = None) -> torch.Tensor:
         """Try one round of swaps given each walker's (S,) potential energy (eV); with a
@@ -164,9 +161,7 @@ class ReplicaExchange:
         down = torch.roll(walker, 1)
         new_walker = torch.where(from_above, up, torch.where(from_below, down, walker))
         old_rung = self.rung.clone()
-        new_rung = torch.empty_like(old_rung).scatter_(
-            0, new_walker, torch.arange(rungs, device=device)
-        )
+        new_rung = _inverse(new_walker)
         self.rung.copy_(new_rung)
         self.attempts.add_(tried.long())
         self.accepted.add_(swap.long())
