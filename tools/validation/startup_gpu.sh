@@ -16,6 +16,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 13  # hybrid and D3 profiles, 13,824
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 14  # replicas' throughput, exchange
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 15  # D3's fused kernels, next session
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 16  # batches that fit; replicas
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -181,6 +182,16 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   timeout 170 python3 benchmarks/profile_step.py --dispersion --atoms 13824 --no-operators \
     --timed-blocks 2 --out "$OUT/profile-d3" > "$OUT/profile-d3.log" 2>&1
   echo "D3 profile: exit $?"
+  ;;
+16)
+  # Issue 15: 2,048 replicas of the 216-atom cell sized into batches from measured memory (no
+  # limit given), then 1, 8 and 256 replicas' throughput timed on steady replays only.
+  timeout 330 python3 tools/validation/batches_gpu.py --replicas 2048 --steps 40 \
+    --out "$OUT/batches" > "$OUT/batches.log" 2>&1
+  echo "batches: exit $? ($(tail -c 600 "$OUT/batches.log"))"
+  timeout 240 python3 benchmarks/replica_throughput.py --replicas 1,8,256 --seconds 3 \
+    --out "$OUT/replicas" > "$OUT/replicas.log" 2>&1
+  echo "replicas: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

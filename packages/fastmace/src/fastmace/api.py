@@ -188,9 +188,10 @@ def md(
     ``fm.geometric_ladder(300, 600, 8)`` with ``replicas=8``), and every N steps neighbouring
     rungs swap temperatures by the Metropolis criterion, decided on the device.
 
-    ``max_batch_atoms=N`` runs a request of more atoms as several batches of whole systems,
-    one after another (``batch-001/``, ... in the run directory; each system as it would run
-    in one batch).
+    A request too large for the device's memory runs as several batches of whole systems, one
+    after another (``batch-001/``, ... in the run directory; each system as it would run in
+    one batch): on CUDA the batch size comes from the memory a few copies of the largest
+    structure take, measured before the run; ``max_batch_atoms=N`` sets it.
 
     ``dispersion="d3bj"`` adds D3(BJ) dispersion (two-body, mace-torch's
     ``mace_mp(dispersion=True)`` cutoffs) with the parameters of the functional the model's
@@ -314,7 +315,18 @@ def md(
         dispersion_functional=dispersion_functional,
         exchange_every=exchange_every,
     )
-    parts = _batches(structures, config.max_batch_atoms, exchange_every)
+    # A resumed request keeps its batches; an explicit limit is checked before anything is
+    # loaded; on CUDA, without one, the batches are sized from measured memory (after the load).
+    from fastmace.batching import saved_parts
+
+    resumed_parts = saved_parts(output, len(structures)) if resume else None
+    parts = resumed_parts or _batches(structures, config.max_batch_atoms, exchange_every)
+    if resumed_parts is not None:
+        sizing = "Batches as recorded when the run started (batches.json)."
+    elif config.max_batch_atoms is not None:
+        sizing = f"At most {config.max_batch_atoms} atoms per batch (max_batch_atoms)."
+    else:
+        sizing = ""
     with _planned_environment(plan):
         tick = time.perf_counter()
         loaded = _load_planned(
@@ -335,6 +347,14 @@ def md(
             )  # fmt: skip
             loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
             phases["gate_s"] = time.perf_counter() - tick
+        if resumed_parts is None and config.max_batch_atoms is None and len(structures) > 1:
+            from fastmace.batching import measured_budget
+
+            budget = measured_budget(loaded, structures, engine.skin_A)
+            if budget is not None:
+                largest = max(len(atoms) for atoms in structures)
+                parts = _batches(structures, budget.max_atoms(largest), exchange_every)
+                sizing = budget.describe(largest)
         if len(parts) == 1:
             simulation = Simulation(
                 loaded, structures, settings, output, resume=resume, progress=progress,
@@ -342,8 +362,10 @@ def md(
                 runner=runner_record(runner, in_child=_in_child_process),
             )  # fmt: skip
             return simulation.run()
-        from fastmace.batching import batch_output, batch_settings, merged_result
+        from fastmace.batching import batch_output, batch_settings, merged_result, write_parts
 
+        if resumed_parts is None:
+            write_parts(output, parts, sizing)
         results = []
         for number, part in enumerate(parts, start=1):
             where = batch_output(output, number)
@@ -357,7 +379,7 @@ def md(
                 runner=runner_record(runner, in_child=_in_child_process),
             )  # fmt: skip
             results.append(simulation.run())
-        return merged_result(results, parts, output)
+        return merged_result(results, parts, output, sizing)
 
 
 def _batches(structures: list[ase.Atoms], max_atoms: int | None, exchange_every: int) -> list:

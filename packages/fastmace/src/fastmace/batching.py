@@ -11,10 +11,12 @@ results are put back together in the request's order.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fastmace.io.atomic import atomic_write_text
 from fastmace.runs import MDResult, RunSettings
 
 BATCH_DIRECTORY = "batch-{index:03d}"
@@ -72,9 +74,12 @@ def batch_directories(output: str | Path | None) -> list[Path]:
     return sorted(Path(output).glob("batch-[0-9][0-9][0-9]"))
 
 
-def merged_result(results: Sequence[MDResult], parts: Sequence[range], output: Any) -> MDResult:
+def merged_result(
+    results: Sequence[MDResult], parts: Sequence[range], output: Any, sizing: str = ""
+) -> MDResult:
     """One result for the request: structures and thermo rows in the request's order (each
-    row's ``system`` counted over the request), the report of every batch under a heading."""
+    row's ``system`` counted over the request), the report of every batch under a heading
+    that says how the batch size was chosen (``sizing``)."""
     structures, thermo, reports = [], [], []
     for number, (result, part) in enumerate(zip(results, parts, strict=True), start=1):
         structures += result.structures
@@ -87,7 +92,7 @@ def merged_result(results: Sequence[MDResult], parts: Sequence[range], output: A
     first = results[0]
     heading = (
         f"The request ran as {len(parts)} batches, one after another (at most "
-        f"{max(len(p) for p in parts)} systems each).\n"
+        f"{max(len(p) for p in parts)} systems each).\n" + (f"{sizing}\n" if sizing else "")
     )
     return MDResult(
         structures=structures, steps=first.steps, thermo=thermo,
@@ -98,3 +103,114 @@ def merged_result(results: Sequence[MDResult], parts: Sequence[range], output: A
 
 def _per_system(value: Any, n_systems: int) -> bool:
     return isinstance(value, list | tuple) and len(value) == n_systems and n_systems > 1
+
+
+# Of the device memory free before a run, the share its batches may plan on: the rest covers
+# the allocator's fragmentation and what the probe cannot see.
+MEMORY_SHARE = 0.7
+# A run holds a force evaluation's memory about twice: the eager warm-up's blocks stay cached
+# by the allocator while the captured graph keeps a private pool of its own.
+ENGINE_COPIES = 2
+# Copies of the largest structure the probe evaluates against one: the difference is the
+# memory each further atom takes (one structure alone carries fixed costs too).
+PROBE_COPIES = 4
+PARTS_FILE = "batches.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBudget:
+    """What the batch size on a CUDA device came from: one force evaluation's memory per
+    further atom and its fixed part (measured), and the memory free before the run."""
+
+    per_atom_bytes: float
+    fixed_bytes: float
+    free_bytes: int
+
+    def max_atoms(self, largest: int) -> int:
+        """Atoms one batch may hold: ENGINE_COPIES evaluations within MEMORY_SHARE of the free
+        memory, never fewer than the largest structure (which must run whole anyway)."""
+        usable = MEMORY_SHARE * self.free_bytes - ENGINE_COPIES * self.fixed_bytes
+        return max(largest, int(usable / (ENGINE_COPIES * self.per_atom_bytes)))
+
+    def describe(self, largest: int) -> str:
+        return (
+            f"Batch size from memory measured before the run: "
+            f"{self.per_atom_bytes / 2**20:.3f} MiB per atom for one force evaluation, "
+            f"{self.free_bytes / 2**30:.1f} GiB free, {MEMORY_SHARE:.0%} of it for "
+            f"{ENGINE_COPIES} evaluations: at most {self.max_atoms(largest)} atoms per batch."
+        )
+
+
+def measured_peak_bytes(loaded: Any, structures: Sequence[Any], skin_A: float) -> int:
+    """Peak device memory of one force evaluation (neighbour list built, model forward and
+    forces) of ``structures`` as one batch, measured on the model's CUDA device."""
+    import torch
+
+    from fastmace.dynamics.neighbours import NeighbourList
+    from fastmace.dynamics.potential import Potential
+    from fastmace.dynamics.state import State
+
+    device = torch.device(loaded.device)
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    state = State.from_atoms(list(structures), device=device)
+    potential = Potential.from_loaded(loaded, state.atomic_numbers)
+    neighbours = NeighbourList(state, potential.r_max, skin_A)
+    edges = neighbours.cutoff_edges(state, neighbours.build(state))
+    potential(state, edges, compute_stress=False)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del state, potential, neighbours, edges
+    torch.cuda.empty_cache()
+    return int(peak)
+
+
+def measured_budget(loaded: Any, structures: Sequence[Any], skin_A: float) -> MemoryBudget | None:
+    """On CUDA, the memory each further atom takes, measured on one and on a few copies of the
+    request's largest structure, and the memory free now. None off CUDA (one batch)."""
+    import torch
+
+    if torch.device(loaded.device).type != "cuda":
+        return None
+    largest = max(structures, key=len)
+    one = measured_peak_bytes(loaded, [largest], skin_A)
+    try:
+        several = measured_peak_bytes(loaded, [largest] * PROBE_COPIES, skin_A)
+        per_atom = max((several - one) / ((PROBE_COPIES - 1) * len(largest)), 1.0)
+        fixed = max(one - per_atom * len(largest), 0.0)
+    except torch.cuda.OutOfMemoryError:  # copies of a large structure: count it all per atom
+        torch.cuda.empty_cache()
+        per_atom, fixed = one / len(largest), 0.0
+    free, _total = torch.cuda.mem_get_info(torch.device(loaded.device))
+    return MemoryBudget(per_atom_bytes=per_atom, fixed_bytes=fixed, free_bytes=int(free))
+
+
+def write_parts(output: str | Path | None, parts: Sequence[range], sizing: str) -> None:
+    """Record how the request was cut, so that a resumed request keeps the same batches
+    whatever the memory free then."""
+    if output is None:
+        return
+    Path(output).mkdir(parents=True, exist_ok=True)
+    record = {"parts": [[part.start, part.stop] for part in parts], "sizing": sizing}
+    atomic_write_text(Path(output) / PARTS_FILE, json.dumps(record, indent=1) + "\n")
+
+
+def saved_parts(output: str | Path | None, n_systems: int) -> list[range] | None:
+    """How a request being resumed was cut: its recorded batches, one batch for a run
+    directory of its own, None when nothing ran there yet."""
+    if output is None:
+        return None
+    if (Path(output) / "run.json").exists():
+        return [range(n_systems)]
+    recorded = Path(output) / PARTS_FILE
+    if not recorded.exists():
+        return None
+    parts = [range(start, stop) for start, stop in json.loads(recorded.read_text())["parts"]]
+    if not parts or parts[-1].stop != n_systems:
+        raise BatchError(
+            f"{recorded} cuts {parts[-1].stop if parts else 0} systems into batches, but this "
+            f"request has {n_systems}: resume with the structures and replicas of the run"
+        )
+    return parts

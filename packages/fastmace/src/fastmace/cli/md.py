@@ -178,8 +178,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         type=int,
         dest="max_batch_atoms",
         metavar="N",
-        help="run the systems in batches of at most N atoms, one after another (default: "
-        "one batch)",
+        help="run the systems in batches of at most N atoms, one after another (default: on "
+        "CUDA, sized from the memory measured before the run)",
     )
     md.add_argument(
         "--ladder",
