@@ -40,7 +40,9 @@ def test_a_request_in_batches_gives_each_system_its_one_batch_trajectory(tmp_pat
     assert [row["system"] for row in apart.thermo] == [0, 1, 2, 3]
     assert apart.report.startswith("The request ran as 2 batches")
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
-        "batch-001", "batch-002", "batches.json"
+        "batch-001",
+        "batch-002",
+        "batches.json",
     ]
     for batch in ("batch-001", "batch-002"):
         assert (tmp_path / "run" / batch / "report.txt").is_file()
