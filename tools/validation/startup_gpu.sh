@@ -17,6 +17,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 14  # replicas' throughput, exchange
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 15  # D3's fused kernels, next session
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 16  # batches that fit; replicas
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 17  # D3's fused kernels, checked again
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -192,6 +193,18 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   timeout 240 python3 benchmarks/replica_throughput.py --replicas 1,8,256 --seconds 3 \
     --out "$OUT/replicas" > "$OUT/replicas.log" 2>&1
   echo "replicas: exit $?"
+  ;;
+17)
+  # Stage 15 again after the run's kernel check stopped taking rounding noise for an error
+  # (a perfect crystal's forces cancel to 1e-17 eV/Å): tests, then D3's cost with the fused
+  # kernels (the plain 13,824-atom step was measured in stage 15 the same day).
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    "$tests/test_dispersion_triton.py" > "$OUT/gpu_tests_d3_triton.txt" 2>&1
+  echo "D3 triton tests: exit $? ($(tail -1 "$OUT/gpu_tests_d3_triton.txt"))"
+  timeout 230 python3 benchmarks/md_speed.py --out "$OUT/speed" --budget-s 210 \
+    --case-timeout-s 120 > "$OUT/speed.log" 2>&1 --only \
+    "mp0-medium/1728/fastmace-cueq-d3,mp0-medium/13824/fastmace-cueq-d3"
+  echo "speed: exit $? ($(grep -o 'dispersion.*' "$OUT/speed/md_speed.md" | head -2))"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -14,7 +14,8 @@ import ase.units
 import numpy as np
 import pytest
 import torch
-from ase.build import bulk, fcc111, molecule
+from ase.build import bulk
+from d3_structures import structures
 from test_neighbours import ForbidHostSync
 
 from fastmace.dynamics.dispersion import (
@@ -35,24 +36,6 @@ torch_dftd = pytest.importorskip("torch_dftd.torch_dftd3_calculator")
 RELATIVE = 1e-6
 # torch-dftd's calculator builds its cell tensor from a list of arrays; harmless here.
 pytestmark = pytest.mark.filterwarnings("ignore:Creating a tensor from a list of numpy")
-
-
-def structures() -> dict[str, ase.Atoms]:
-    """A molecule (no cell), a slab with an adsorbate (periodic in x, y) and a rattled bulk
-    cell with a sheared, non-orthogonal lattice; all small, so torch-dftd's host list is quick."""
-    ethanol = molecule("CH3CH2OH")
-    slab = fcc111("Cu", (2, 2, 2), vacuum=6.0)
-    water = molecule("H2O")
-    water.translate(slab.positions[-1] + [0.0, 0.0, 2.2] - water.positions[0])
-    slab += water
-    slab.pbc = [True, True, False]
-    rocksalt = bulk("NaCl", "rocksalt", a=5.64)
-    shear = np.array([[1.02, 0.03, 0.0], [0.0, 0.99, 0.0], [0.0, 0.0, 1.0]])
-    rocksalt.set_cell(rocksalt.cell @ shear, scale_atoms=True)
-    found = {"molecule": ethanol, "slab": slab, "bulk": rocksalt}
-    for seed, atoms in enumerate(found.values()):
-        atoms.rattle(0.05, seed=seed)
-    return found
 
 
 def reference(atoms: ase.Atoms) -> tuple[float, np.ndarray, np.ndarray | None]:
