@@ -673,6 +673,9 @@ class Bench:
             "search_every": simulation.engine.force_field.search_every,
             "search_halvings": simulation.engine.search_halvings,
             "compiled": compile_model,
+            "dispersion_kernel": (
+                term.kernel_choice if (term := simulation.engine.force_field.dispersion) else None
+            ),
             "matmul_precision": matmul,
             "edge_capacity": simulation.neighbours.capacity,
             "model_edge_capacity": simulation.neighbours.cutoff_capacity,

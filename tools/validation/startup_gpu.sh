@@ -204,7 +204,7 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   timeout 230 python3 benchmarks/md_speed.py --out "$OUT/speed" --budget-s 210 \
     --case-timeout-s 120 > "$OUT/speed.log" 2>&1 --only \
     "mp0-medium/1728/fastmace-cueq-d3,mp0-medium/13824/fastmace-cueq-d3"
-  echo "speed: exit $? ($(grep -o 'dispersion.*' "$OUT/speed/md_speed.md" | head -2))"
+  echo "speed: exit $? ($(grep -o "dispersion_kernel[^,]*" "$OUT/speed/md_speed.json"))"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
