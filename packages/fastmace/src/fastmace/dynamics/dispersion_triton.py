@@ -25,7 +25,6 @@ BLOCK = 128  # edges an atom's program handles at once
 # The kernels' real-valued constants travel in one float64 tensor, in this order: Triton
 # passes a Python float as a float32 scalar, and a cutoff rounded to float32 moves pairs
 # across it (5e-5 relative in the energy at 13,824 atoms on the H200).
-# Square roots are the correctly rounded ones (tl.sqrt_rn): tl.sqrt is the fast approximation.
 CONSTANTS = ("bohr", "hartree", "steepness", "cutoff2", "cn_cutoff2", "a1", "a2", "s6", "s8")
 REFERENCES = 5  # reference coordination numbers per element
 REFERENCE_LANES = 8  # the five, padded to a power of two
@@ -85,7 +84,7 @@ def _coordination(
         j, _, _, _, r2 = _pair(positions, cell, unit_shifts, receiver, edge, valid,
                                x, y, z, row, bohr)  # fmt: skip
         counted = valid & (r2 > 0) & (r2 <= cn_cutoff2)
-        r = tl.sqrt_rn(tl.where(counted, r2, 1.0))
+        r = tl.sqrt(tl.where(counted, r2, 1.0))
         covalent = rcov_i + tl.load(rcov + tl.load(numbers + j, mask=valid, other=0))
         count = 1.0 / (1.0 + tl.exp(-steepness * (covalent / r - 1.0)))
         total += tl.where(counted, count, 0.0)
@@ -106,14 +105,14 @@ def _c6_of(towards, weights, numbers, slot, j, valid, atom_row, species, LANES: 
 @triton.jit
 def _damping(r2, ratio, a1, a2, s6, s8):
     """BJ-damped 1/r^6 and 1/r^8 terms (per C6) and their derivative in r."""
-    radius2 = a1 * tl.sqrt_rn(ratio) + a2
+    radius2 = a1 * tl.sqrt(ratio) + a2
     radius2 = radius2 * radius2
     r6 = r2 * r2 * r2
     six = r6 + radius2 * radius2 * radius2
     eight = r6 * r2 + radius2 * radius2 * radius2 * radius2
     damped = s6 / six + s8 * ratio / eight
     slope = 6.0 * s6 * r6 / (six * six) + 8.0 * s8 * ratio * r6 * r2 / (eight * eight)
-    return damped, -slope / tl.sqrt_rn(r2)
+    return damped, -slope / tl.sqrt(r2)
 
 
 @triton.jit
@@ -177,7 +176,7 @@ def _forces(
         pair = real & (r2 < cutoff2)
         counted = real & (r2 <= cn_cutoff2)
         r2 = tl.where(real, r2, 1.0)
-        r = tl.sqrt_rn(r2)
+        r = tl.sqrt(r2)
         z_j = tl.load(numbers + j, mask=valid, other=0)
         covalent = rcov_i + tl.load(rcov + z_j, mask=valid, other=0.0)
         count = 1.0 / (1.0 + tl.exp(-steepness * (covalent / r - 1.0)))
