@@ -108,3 +108,50 @@ def test_on_cuda_a_run_checks_and_takes_the_fused_kernels():
     term = _term("cuda")
     assert term.d3.kernel == "triton", term.kernel_choice
     assert term.kernel_choice.startswith("triton (within ")
+
+
+class CompileForHopper:
+    """Stands in for a kernel's launcher: compiles the real kernel for sm_90 with the argument
+    types of the call (Triton's full pipeline down to a cubin, no GPU needed) instead of
+    launching it. The interpreter alone misses errors of Triton's compiler front end."""
+
+    def __init__(self, kernel, compiled: list[str]) -> None:
+        self.kernel, self.compiled = kernel, compiled
+
+    def __getitem__(self, grid):
+        return self.compile
+
+    def compile(self, *args, **constexprs):
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        kinds = {torch.float64: "*fp64", torch.float32: "*fp32", torch.int64: "*i64",
+                 torch.int32: "*i32"}  # fmt: skip
+        names = self.kernel.arg_names
+        signature = {
+            name: kinds[value.dtype] if isinstance(value, torch.Tensor) else "i64"
+            for name, value in zip(names, args, strict=False)
+        }
+        signature.update(dict.fromkeys(constexprs, "constexpr"))
+        source = ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs)
+        assert "cubin" in triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm
+        self.compiled.append(self.kernel.__name__)
+
+
+def test_the_fused_kernels_compile_for_a_hopper_gpu(monkeypatch):
+    from d3_structures import structures
+
+    from fastmace.dynamics import dispersion_triton as fused
+    from fastmace.dynamics.dispersion import D3BJ, DEFAULT_CUTOFF_A, D3BJParameters
+    from fastmace.dynamics.neighbours import NeighbourList
+    from fastmace.dynamics.state import State
+
+    compiled: list[str] = []
+    for name in ("_coordination", "_energy", "_forces"):
+        monkeypatch.setattr(fused, name, CompileForHopper(getattr(fused, name), compiled))
+    state = State.from_atoms([structures()["bulk"]])
+    edges = NeighbourList(state, DEFAULT_CUTOFF_A, skin=0.0).build(state)
+    d3 = D3BJ(D3BJParameters.for_functional("pbe"), state.atomic_numbers.tolist(), kernel="triton")
+    d3(state, edges, compute_stress=True)
+    assert compiled == ["_coordination", "_energy", "_forces"]

@@ -48,16 +48,6 @@ def _pair(positions, cell, unit_shifts, receiver, edge, valid, x, y, z, row, boh
 
 
 @triton.jit
-def _constants(constants):
-    """The float64 constants, in :data:`CONSTANTS`' order."""
-    return (
-        tl.load(constants), tl.load(constants + 1), tl.load(constants + 2),
-        tl.load(constants + 3), tl.load(constants + 4), tl.load(constants + 5),
-        tl.load(constants + 6), tl.load(constants + 7), tl.load(constants + 8),
-    )  # fmt: skip
-
-
-@triton.jit
 def _atom(positions, system, bounds, atom):
     """The atom's run of edges, its position and the offset of its system's cell."""
     begin = tl.load(bounds + atom)
@@ -74,7 +64,8 @@ def _coordination(
     BLOCK: tl.constexpr,
 ):  # fmt: skip
     atom = tl.program_id(0)
-    bohr, _, steepness, _, cn_cutoff2, _, _, _, _ = _constants(constants)
+    bohr, steepness = tl.load(constants), tl.load(constants + 2)
+    cn_cutoff2 = tl.load(constants + 4)
     begin, end, x, y, z, row = _atom(positions, system, bounds, atom)
     rcov_i = tl.load(rcov + tl.load(numbers + atom))
     total = tl.zeros([BLOCK], dtype=tl.float64)
@@ -122,7 +113,9 @@ def _energy(
     BLOCK: tl.constexpr, LANES: tl.constexpr,
 ):  # fmt: skip
     atom = tl.program_id(0)
-    bohr, hartree, _, cutoff2, _, a1, a2, s6, s8 = _constants(constants)
+    bohr, hartree, cutoff2 = tl.load(constants), tl.load(constants + 1), tl.load(constants + 3)
+    a1, a2 = tl.load(constants + 5), tl.load(constants + 6)
+    s6, s8 = tl.load(constants + 7), tl.load(constants + 8)
     begin, end, x, y, z, row = _atom(positions, system, bounds, atom)
     r2r4_i = tl.load(r2r4 + tl.load(numbers + atom))
     energy = tl.zeros([BLOCK], dtype=tl.float64)
@@ -152,7 +145,10 @@ def _forces(
     BLOCK: tl.constexpr, LANES: tl.constexpr,
 ):  # fmt: skip
     atom = tl.program_id(0)
-    bohr, hartree, steepness, cutoff2, cn_cutoff2, a1, a2, s6, s8 = _constants(constants)
+    bohr, hartree, steepness = tl.load(constants), tl.load(constants + 1), tl.load(constants + 2)
+    cutoff2, cn_cutoff2 = tl.load(constants + 3), tl.load(constants + 4)
+    a1, a2 = tl.load(constants + 5), tl.load(constants + 6)
+    s6, s8 = tl.load(constants + 7), tl.load(constants + 8)
     begin, end, x, y, z, row = _atom(positions, system, bounds, atom)
     z_i = tl.load(numbers + atom)
     rcov_i = tl.load(rcov + z_i)
