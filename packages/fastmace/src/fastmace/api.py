@@ -362,7 +362,13 @@ def md(
                 runner=runner_record(runner, in_child=_in_child_process),
             )  # fmt: skip
             return simulation.run()
-        from fastmace.batching import batch_output, batch_settings, merged_result, write_parts
+        from fastmace.batching import (
+            batch_output,
+            batch_settings,
+            merged_result,
+            release_device_memory,
+            write_parts,
+        )  # fmt: skip
 
         if resumed_parts is None:
             write_parts(output, parts, sizing)
@@ -379,6 +385,8 @@ def md(
                 runner=runner_record(runner, in_child=_in_child_process),
             )  # fmt: skip
             results.append(simulation.run())
+            del simulation  # its graphs' memory pools, before the next batch is set up
+            release_device_memory()
         return merged_result(results, parts, output, sizing)
 
 

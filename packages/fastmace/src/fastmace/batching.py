@@ -187,6 +187,18 @@ def measured_budget(loaded: Any, structures: Sequence[Any], skin_A: float) -> Me
     return MemoryBudget(per_atom_bytes=per_atom, fixed_bytes=fixed, free_bytes=int(free))
 
 
+def release_device_memory() -> None:
+    """Hand a finished batch's device memory back (its CUDA graphs hold private pools that
+    the next batch's allocations cannot use); nothing to do off CUDA."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def write_parts(output: str | Path | None, parts: Sequence[range], sizing: str) -> None:
     """Record how the request was cut, so that a resumed request keeps the same batches
     whatever the memory free then."""
