@@ -130,6 +130,7 @@ def md(
     replicas: int = 1,
     exchange_every: int = 0,
     max_batch_atoms: int | None = None,
+    gpus: int | str | None = None,
     initial_temperature_K: float | None = None,
     trajectory_every: int = 100,
     thermo_every: int = 100,
@@ -192,6 +193,10 @@ def md(
     after another (``batch-001/``, ... in the run directory; each system as it would run in
     one batch): on CUDA the batch size comes from the memory a few copies of the largest
     structure take, measured before the run; ``max_batch_atoms=N`` sets it.
+
+    ``gpus=N`` (or ``"all"``) spreads the systems over N GPUs of this machine, one child
+    process per GPU running its share at once (``gpu-0/``, ... in the run directory; each
+    system as it would run on one GPU; :mod:`fastmace.spread`). Replica exchange stays on one.
 
     ``dispersion="d3bj"`` adds D3(BJ) dispersion (two-body, mace-torch's
     ``mace_mp(dispersion=True)`` cutoffs) with the parameters of the functional the model's
@@ -265,6 +270,12 @@ def md(
     )  # fmt: skip
     # Everything that can be checked before a model is loaded or a directory created.
     request = check_request(structure, arguments, runner.environment)
+    if gpus is not None and not _in_child_process:
+        slots = _gpu_slots(gpus, device, runner)
+        if len(slots) > 1:
+            from fastmace.spread import run_spread
+
+            return run_spread(arguments, request.structures, slots, runner, progress or sys.stderr)
     if runner.subprocess and not _in_child_process:
         return run_in_subprocess(arguments, request.units, runner, progress)
     from fastmace.dynamics.ensembles import ensemble as make_ensemble
@@ -365,6 +376,7 @@ def md(
         from fastmace.batching import (
             batch_output,
             batch_settings,
+            batches_heading,
             merged_result,
             release_device_memory,
             write_parts,
@@ -387,7 +399,19 @@ def md(
             results.append(simulation.run())
             del simulation  # its graphs' memory pools, before the next batch is set up
             release_device_memory()
-        return merged_result(results, parts, output, sizing)
+        return merged_result(results, parts, output, batches_heading(parts, sizing))
+
+
+def _gpu_slots(gpus: int | str, device: str | None, runner: RunnerConfig) -> list:
+    """The devices ``gpus`` asks for (fastmace.spread.cuda_slots), on this machine."""
+    from fastmace.spread import VISIBLE_DEVICES, SpreadError, cuda_slots
+
+    if device not in (None, "auto", "cuda"):
+        raise SpreadError(f"gpus={gpus!r} spreads the run over CUDA GPUs; device={device!r}")
+    import torch
+
+    visible = runner.environment.get(VISIBLE_DEVICES, os.environ.get(VISIBLE_DEVICES))
+    return cuda_slots(gpus, visible, torch.cuda.device_count())
 
 
 def _batches(structures: list[ase.Atoms], max_atoms: int | None, exchange_every: int) -> list:

@@ -67,38 +67,53 @@ def batch_output(output: str | Path | None, index: int) -> Path | None:
 
 
 def batch_directories(output: str | Path | None) -> list[Path]:
-    """The batch run directories of a request that ran in batches (none for one that did not:
-    a run directory of its own, with its run.json)."""
+    """The run directories of a request that ran in parts, batches (``batch-NNN/``) or devices
+    (``gpu-N/``, each perhaps in batches itself); none for a run directory of its own (with
+    its run.json)."""
     if output is None or (Path(output) / "run.json").exists():
         return []
-    return sorted(Path(output).glob("batch-[0-9][0-9][0-9]"))
+    found: list[Path] = []
+    batches = sorted(Path(output).glob("batch-[0-9][0-9][0-9]"))
+    devices = [path for path in Path(output).glob("gpu-*") if path.name[4:].isdigit()]
+    devices.sort(key=lambda path: int(path.name[4:]))
+    for path in batches + devices:
+        found += batch_directories(path) or [path]
+    return found
 
 
 def merged_result(
-    results: Sequence[MDResult], parts: Sequence[range], output: Any, sizing: str = ""
+    results: Sequence[MDResult],
+    parts: Sequence[range],
+    output: Any,
+    heading: str,
+    label: str = "batch",
 ) -> MDResult:
     """One result for the request: structures and thermo rows in the request's order (each
-    row's ``system`` counted over the request), the report of every batch under a heading
-    that says how the batch size was chosen (``sizing``)."""
+    row's ``system`` counted over the request), ``heading`` (how the request was cut) and
+    then the report of every part under a ``label`` heading of its own."""
     structures, thermo, reports = [], [], []
     for number, (result, part) in enumerate(zip(results, parts, strict=True), start=1):
         structures += result.structures
         for row in result.thermo:
             thermo.append({**row, "system": part.start + int(row.get("system", 0))})
         reports.append(
-            f"== batch {number} of {len(parts)}: systems {part.start} to {part.stop - 1}\n"
+            f"== {label} {number} of {len(parts)}: systems {part.start} to {part.stop - 1}\n"
             f"{result.report}"
         )
     first = results[0]
-    heading = (
-        f"The request ran as {len(parts)} batches, one after another (at most "
-        f"{max(len(p) for p in parts)} systems each).\n" + (f"{sizing}\n" if sizing else "")
-    )
     return MDResult(
         structures=structures, steps=first.steps, thermo=thermo,
         output=None if output is None else Path(output), timings=dict(first.timings),
         model=first.model, ensemble=first.ensemble, report=heading + "\n".join(reports),
     )  # fmt: skip
+
+
+def batches_heading(parts: Sequence[range], sizing: str) -> str:
+    """The first lines of a batched request's report: how many batches, and why that size."""
+    return (
+        f"The request ran as {len(parts)} batches, one after another (at most "
+        f"{max(len(p) for p in parts)} systems each).\n" + (f"{sizing}\n" if sizing else "")
+    )
 
 
 def _per_system(value: Any, n_systems: int) -> bool:

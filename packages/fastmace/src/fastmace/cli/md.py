@@ -33,7 +33,7 @@ from fastmace.vocabulary import (
 # Keys of a run config (TOML) besides the ensemble settings: fm.md's other arguments.
 RUN_KEYS = (
     "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
-    "repeat", "replicas", "exchange_every", "max_batch_atoms", "initial_temperature_K",
+    "repeat", "replicas", "exchange_every", "max_batch_atoms", "gpus", "initial_temperature_K",
     "trajectory_every",
     "thermo_every", "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
@@ -180,6 +180,13 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         metavar="N",
         help="run the systems in batches of at most N atoms, one after another (default: on "
         "CUDA, sized from the memory measured before the run)",
+    )
+    md.add_argument(
+        "--gpus",
+        type=_gpus,
+        metavar="N|all",
+        help="spread the systems over N GPUs of this machine (or all it has), one process "
+        "each, at once (default: one GPU)",
     )
     md.add_argument(
         "--ladder",
@@ -337,6 +344,16 @@ def _execute(settings: dict[str, Any], resume_how: str) -> int:
         raise error.advising(resume_how) from None
     print(result.report, end="")
     return 0
+
+
+def _gpus(text: str) -> int | str:
+    """--gpus: a whole number of GPUs, or 'all'."""
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GPUs or 'all'") from None
 
 
 def _md(args: argparse.Namespace) -> int:

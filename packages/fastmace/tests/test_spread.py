@@ -1,0 +1,98 @@
+"""Several devices: a request's systems spread over child processes, one per device, each
+system as it would run in one batch.
+
+On this machine the children run on the CPU (two processes, no device variables); on a
+machine with several GPUs each child sees one (``CUDA_VISIBLE_DEVICES``), the only difference.
+"""
+
+from __future__ import annotations
+
+import io
+
+import ase.build
+import numpy as np
+import pytest
+import torch
+
+import fastmace as fm
+from fastmace.runner import RunnerConfig
+from fastmace.spread import (
+    DeviceSlot,
+    SpreadError,
+    balanced_parts,
+    cuda_slots,
+    part_arguments,
+    run_spread,
+)
+
+COMMON = {"model": "demo-emt-cu", "temperature_K": 300.0, "seed": 5, "thermo_every": 10,
+          "trajectory_every": 10, "restart_every": 10}  # fmt: skip
+
+
+def copper() -> ase.Atoms:
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
+    atoms.rattle(0.02, seed=1)
+    return atoms
+
+
+def test_systems_are_cut_into_consecutive_parts_of_about_equal_atoms():
+    assert balanced_parts([32, 32, 32, 32], 2) == [range(0, 2), range(2, 4)]
+    assert balanced_parts([32, 32, 32, 32], 3) == [range(0, 1), range(1, 3), range(3, 4)]
+    assert balanced_parts([100, 10, 10, 10, 10], 2) == [range(0, 1), range(1, 5)]
+    assert balanced_parts([1, 1, 1, 100], 3) == [range(0, 2), range(2, 3), range(3, 4)]
+    assert balanced_parts([5], 3) == [range(0, 1)]  # never more parts than systems
+
+
+def test_each_child_sees_one_of_the_visible_devices():
+    slots = cuda_slots("all", "2,3", 2)
+    assert [slot.environment for slot in slots] == [
+        {"CUDA_VISIBLE_DEVICES": "2"},
+        {"CUDA_VISIBLE_DEVICES": "3"},
+    ]
+    assert [s.environment["CUDA_VISIBLE_DEVICES"] for s in cuda_slots(2, None, 4)] == ["0", "1"]
+    with pytest.raises(SpreadError, match="asks for 3 GPUs, but this process sees 2"):
+        cuda_slots(3, None, 2)
+    with pytest.raises(SpreadError, match="sees none"):
+        cuda_slots("all", None, 0)
+    with pytest.raises(SpreadError, match="positive whole number or 'all'"):
+        cuda_slots(0, None, 2)
+
+
+def test_a_part_keeps_its_systems_settings_and_streams():
+    arguments = {**COMMON, "temperature_K": [300.0, 310.0, 320.0, 330.0], "replicas": 4}
+    chosen = part_arguments(arguments, range(2, 4), 4, None, resume=False)
+    assert chosen["temperature_K"] == [320.0, 330.0]
+    assert chosen["seed"] == 7 and chosen["replicas"] == 1 and chosen["gpus"] is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without")
+def test_gpus_on_a_machine_without_cuda_says_so():
+    with pytest.raises(SpreadError, match="sees none"):
+        fm.md(copper(), steps=2, gpus=2, **COMMON)
+
+
+def test_replica_exchange_is_not_spread():
+    with pytest.raises(SpreadError, match="must run on one GPU"):
+        run_spread({**COMMON, "exchange_every": 5}, [copper()] * 2,
+                   [DeviceSlot("a"), DeviceSlot("b")], RunnerConfig(), io.StringIO())  # fmt: skip
+
+
+def test_spread_systems_follow_their_one_batch_trajectories_and_resume(tmp_path):
+    together = fm.md(copper(), replicas=4, steps=20, **COMMON)
+    slots = [DeviceSlot("CPU process 0"), DeviceSlot("CPU process 1")]
+    arguments = {**COMMON, "device": "cpu", "output": str(tmp_path / "run")}
+    progress = io.StringIO()
+    run_spread({**arguments, "steps": 10}, [copper() for _ in range(4)], slots, RunnerConfig(),
+               progress)  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "devices.json",
+        "gpu-0",
+        "gpu-1",
+    ]
+    assert "[gpu-0] " in progress.getvalue() and "[gpu-1] " in progress.getvalue()
+    resumed = run_spread({**arguments, "steps": 20, "resume": True}, [copper() for _ in range(4)],
+                         slots, RunnerConfig(), io.StringIO())  # fmt: skip
+    assert resumed.report.startswith("The request ran on 2 GPUs at once: systems 0 to 1 on CPU")
+    assert [row["system"] for row in resumed.thermo if row["step"] == 20] == [0, 1, 2, 3]
+    for one, other in zip(together.structures, resumed.structures, strict=True):
+        np.testing.assert_allclose(one.positions, other.positions, rtol=0, atol=1e-9)
