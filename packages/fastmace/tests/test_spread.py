@@ -71,10 +71,30 @@ def test_gpus_on_a_machine_without_cuda_says_so():
         fm.md(copper(), steps=2, gpus=2, **COMMON)
 
 
-def test_replica_exchange_is_not_spread():
-    with pytest.raises(SpreadError, match="must run on one GPU"):
+def test_a_spread_exchange_needs_one_temperature_per_replica():
+    with pytest.raises(SpreadError, match="one value per replica"):
         run_spread({**COMMON, "exchange_every": 5}, [copper()] * 2,
                    [DeviceSlot("a"), DeviceSlot("b")], RunnerConfig(), io.StringIO())  # fmt: skip
+
+
+def test_a_ladder_spread_over_two_processes_exchanges_as_in_one(tmp_path):
+    ladder = fm.geometric_ladder(300.0, 900.0, 4)
+    settings = {**COMMON, "temperature_K": ladder, "exchange_every": 5, "steps": 20}
+    together = fm.md(copper(), replicas=4, **settings)
+    slots = [DeviceSlot("CPU process 0"), DeviceSlot("CPU process 1")]
+    arguments = {**settings, "device": "cpu", "output": str(tmp_path / "run")}
+    # Stopped after 10 steps and resumed to 20: the ladder's state comes back on both.
+    run_spread({**arguments, "steps": 10}, [copper() for _ in range(4)], slots, RunnerConfig(),
+               io.StringIO())  # fmt: skip
+    spread = run_spread({**arguments, "resume": True}, [copper() for _ in range(4)], slots,
+                        RunnerConfig(), io.StringIO())  # fmt: skip
+    rungs = [[(row["step"], row["system"], row["rung"]) for row in result.thermo
+              if row["step"] == 20] for result in (together, spread)]  # fmt: skip
+    assert rungs[0] == rungs[1]
+    assert [rung for _, _, rung in rungs[0]] != [0, 1, 2, 3]  # walkers did change rungs
+    for one, other in zip(together.structures, spread.structures, strict=True):
+        np.testing.assert_allclose(one.positions, other.positions, rtol=0, atol=1e-9)
+    assert not list((tmp_path / "run").glob(".exchange-rendezvous-*"))  # removed at the end
 
 
 def test_spread_systems_follow_their_one_batch_trajectories_and_resume(tmp_path):

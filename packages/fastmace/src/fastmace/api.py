@@ -159,6 +159,7 @@ def md(
     temperature_schedule: Any = None,
     pressure_schedule: Any = None,
     _in_child_process: bool = False,
+    _exchange_group: dict[str, Any] | None = None,
     **ensemble_settings: Any,
 ) -> MDResult:
     """Run MD of ``structure`` with ``model`` and return the result (summary, final structures).
@@ -235,7 +236,8 @@ def md(
     ``runner`` (an ``fm.RunnerConfig``) with ``subprocess=True`` runs all this in a child
     process (:mod:`fastmace.runner`): the structures are read here, the result comes back the
     same. Its ``environment`` goes to every child process of the run (also the gate's).
-    ``_in_child_process`` is internal: the runner's child sets it, for ``metadata.json``.
+    ``_in_child_process`` is internal: the runner's child sets it, for ``metadata.json``;
+    so is ``_exchange_group``, a spread ladder's part (fastmace.spread sets it for its child).
     """
     # The keyword arguments as given (taken before any other local exists): what a child gets.
     arguments = dict(locals())
@@ -367,10 +369,13 @@ def md(
                 parts = _batches(structures, budget.max_atoms(largest), exchange_every)
                 sizing = budget.describe(largest)
         if len(parts) == 1:
+            from fastmace.dynamics.exchange_group import ExchangeGroup
+
+            group = None if _exchange_group is None else ExchangeGroup.from_dict(_exchange_group)
             simulation = Simulation(
                 loaded, structures, settings, output, resume=resume, progress=progress,
                 gate=gate, fallbacks=fallbacks, plan=plan, phases=phases, called=called,
-                runner=runner_record(runner, in_child=_in_child_process),
+                runner=runner_record(runner, in_child=_in_child_process), exchange_group=group,
             )  # fmt: skip
             return simulation.run()
         from fastmace.batching import (

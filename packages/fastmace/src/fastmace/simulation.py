@@ -25,6 +25,7 @@ from fastmace.dynamics.checks import check_structures
 from fastmace.dynamics.dispersion import DispersionTerm, run_dispersion_functional
 from fastmace.dynamics.engine import Engine, ForceField, generators_of, tensors_of
 from fastmace.dynamics.errors import GuardError, SimulationError
+from fastmace.dynamics.exchange_group import ExchangeGroup
 from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import maxwell_boltzmann_velocities, random_streams
 from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
@@ -71,10 +72,12 @@ class Simulation:
         runner: dict[str, Any] | None = None,
         phases: Mapping[str, float] | None = None,
         called: float | None = None,
+        exchange_group: ExchangeGroup | None = None,
     ) -> None:
         """``phases`` are the start-up phases timed before (fm.md: ``load_s``, ``gate_s``) and
         ``called`` the ``time.perf_counter()`` of the request: the start of ``to_first_step_s``
-        (default: now)."""
+        (default: now). ``exchange_group``: this run's walkers are part of a ladder spread over
+        processes (fastmace.spread)."""
         started = time.perf_counter()
         self.called = started if called is None else called
         self.plan = plan  # when the run was planned (fm.md): its decisions are the engine's
@@ -83,6 +86,7 @@ class Simulation:
         self.runner = runner or {"subprocess": False, "environment": []}
         self.gate = gate  # a fastmace.gate.GateResult, when the run was checked
         self.fallbacks = list(fallbacks)
+        self.exchange_group = exchange_group
         check_structures(structures, model.description.atomic_numbers)
         # Before anything is created: a dispersion the model or structure cannot take is refused.
         self.dispersion_functional = run_dispersion_functional(settings, model, structures)
@@ -167,7 +171,7 @@ class Simulation:
                 block_steps=self.block_steps,
                 capture=self.engine_settings.graphs,
                 guard=self.guard,
-                block_end=self.exchange,  # the swaps, inside the captured block
+                block_end=self.exchange,  # the swaps (inside the captured block in one process)
             )
             self.engine.steps_done = self.start_step
             self.structures = list(structures)
@@ -305,7 +309,7 @@ class Simulation:
         if schedule.thermo_due(step) or final:
             rows = thermo_rows(md, self.engine.force_field.stress_at, step, time_fs)
             if self.exchange is not None:  # which rung of the ladder each walker is at
-                for row, rung in zip(rows, self.exchange.rung.tolist(), strict=True):
+                for row, rung in zip(rows, self.exchange.local_rungs(), strict=True):
                     row["rung"] = rung
         if self.output is None:
             return rows
@@ -316,7 +320,9 @@ class Simulation:
             atoms = md.state.to_atoms()
             energies = md.energy.detach().cpu().numpy()
             forces = md.forces.detach().cpu().numpy()
-            order = self.exchange.walkers().tolist() if self.exchange is not None else None
+            # By temperature: only where the whole ladder's walkers are here.
+            whole = self.exchange is not None and self.exchange_group is None
+            order = self.exchange.walkers().tolist() if whole else None
             self.output.write_frames(step, time_fs, atoms, energies, forces, walker_at_rung=order)
         if rows:
             self.output.write_thermo(rows)
@@ -324,6 +330,10 @@ class Simulation:
             self.output.write_restart(step, self._payload(step))
             self.last_restart = step
         return rows
+
+    def _leave_exchange_group(self) -> None:
+        if self.exchange_group is not None:
+            self.exchange_group.leave()
 
     def _replica_exchange(
         self, md: Any, state: State, resume: bool, saved: dict[str, Any] | None
@@ -349,8 +359,13 @@ class Simulation:
                 "replica exchange swaps temperatures between copies of one structure: give "
                 "one structure with replicas=N and temperature_K=[one per replica]"
             )
+        group = self.exchange_group
         generator = torch.Generator(device=state.device)
-        generator.manual_seed(self.settings.seed + state.n_systems)  # apart from the systems'
+        # Apart from the systems' streams; a spread ladder's processes all seed it as one would.
+        if group is None:
+            generator.manual_seed(self.settings.seed + state.n_systems)
+        else:
+            generator.manual_seed(group.seed + len(group.ladder_K))
         saved = saved if resume else None
         if resume and saved is None:
             raise ValueError(
@@ -359,11 +374,18 @@ class Simulation:
             )
         # A fresh run's walker s starts at rung s, so md.kT is the ladder; a resumed md.kT
         # holds each walker's present rung, and the ladder comes from the restart.
-        ladder = md.kT.clone() if saved is None else torch.as_tensor(saved["ladder_kT"])
+        if saved is not None:
+            ladder = torch.as_tensor(saved["ladder_kT"])
+        elif group is not None:  # the whole ladder, of which this process holds a part
+            ladder = torch.tensor(group.ladder_K, dtype=torch.float64) * KB_EV_PER_K
+        else:
+            ladder = md.kT.clone()
         try:
             exchange = ReplicaExchange.start(
-                ladder.to(md.kT), generator, every=self.settings.exchange_every
-            )
+                ladder.to(md.kT), generator, every=self.settings.exchange_every,
+                local=slice(None) if group is None else group.local,
+                gather=None if group is None else group.join(state.device),
+            )  # fmt: skip
         except ValueError as error:
             raise ValueError(
                 f"{error}: give temperature_K as one value per replica, lowest first"
@@ -439,6 +461,7 @@ class Simulation:
                 progress.update(step)
         except BaseException as error:
             progress.close()
+            self._leave_exchange_group()
             self._write_metadata("failed", f"{type(error).__name__}: {error}")
             if self.output is not None:
                 self.output.close()  # what was written stays; the last restart is intact
@@ -447,6 +470,7 @@ class Simulation:
             rows = thermo_rows(
                 self.engine.md, self.engine.force_field.stress_at, step, self.time_fs(step)
             )
+        self._leave_exchange_group()
         self.timings["first_block_s"] = first_block_s
         if steady_steps:
             rate = steady_steps / steady_s

@@ -10,16 +10,19 @@ trajectory it would follow on one GPU. ``devices.json`` records the cut; a resum
 keeps it. The results come back together in the request's order, as batches' do
 (:func:`fastmace.batching.merged_result`).
 
-The systems never interact, so the processes exchange nothing while they run. Replica
-exchange, which swaps temperatures between replicas, needs them on one device and refuses to
-be spread.
+The systems never interact, so the processes exchange nothing while they run, except for
+replica exchange: its walkers are spread like any systems, and at each block's end the
+processes gather the whole ladder's energies (:mod:`fastmace.dynamics.exchange_group`) and
+take the same swap decisions, each for its own walkers.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import tempfile
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -152,11 +155,6 @@ def run_spread(
     """Run ``fm.md(structures, **arguments)`` with its systems spread over ``slots``, each part
     at once in a child process; the merged result. Raises SpreadError for replica exchange,
     and the first failed part's error once every part has ended."""
-    if arguments.get("exchange_every"):
-        raise SpreadError(
-            "replica exchange swaps temperatures between its replicas at every exchange, so "
-            "they must run on one GPU: run it without gpus"
-        )
     output = None if arguments.get("output") is None else Path(arguments["output"])
     resume = bool(arguments.get("resume"))
     parts = (saved_spread(output) if resume else None) or balanced_parts(
@@ -174,6 +172,7 @@ def run_spread(
         record = {"parts": [[p.start, p.stop] for p in parts], "devices": names}
         atomic_write_text(output / SPREAD_FILE, json.dumps(record, indent=1) + "\n")
     lock = threading.Lock()
+    groups = _exchange_groups(arguments, parts, output, len(structures))
 
     def run_part(index: int) -> MDResult:
         part, slot = parts[index], slots[index]
@@ -181,6 +180,8 @@ def run_spread(
         chosen = part_arguments(
             arguments, part, len(structures), where, resume and where is not None and where.exists()
         )
+        if groups is not None:
+            chosen["_exchange_group"] = groups[index]
         child = RunnerConfig(
             subprocess=True, environment={**runner.environment, **slot.environment},
             timeout_s=runner.timeout_s,
@@ -188,8 +189,14 @@ def run_spread(
         stream = _Prefixed(progress, f"[{DEVICE_DIRECTORY.format(index=index)}] ", lock)
         return run_in_subprocess(chosen, structures[part.start : part.stop], child, stream)
 
-    with ThreadPoolExecutor(max_workers=len(parts)) as pool:
-        futures = [pool.submit(run_part, index) for index in range(len(parts))]
+    try:
+        with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+            futures = [pool.submit(run_part, index) for index in range(len(parts))]
+    finally:
+        if groups is not None:  # the rendezvous file, and its directory when it made one
+            Path(groups[0]["rendezvous"]).unlink(missing_ok=True)
+            if output is None:
+                Path(groups[0]["rendezvous"]).parent.rmdir()
     failures = [(index, f.exception()) for index, f in enumerate(futures) if f.exception()]
     if failures:  # each part's own error says what went wrong; this says where
         index, error = failures[0]
@@ -204,3 +211,25 @@ def run_spread(
         + ".\n"
     )
     return merged_result([f.result() for f in futures], parts, output, heading=heading, label="GPU")
+
+
+def _exchange_groups(
+    arguments: Mapping[str, Any], parts: Sequence[range], output: Path | None, n_systems: int
+) -> list[dict[str, Any]] | None:
+    """For replica exchange, each part's place in the spread ladder (None without exchange):
+    the whole ladder, the request's seed and a rendezvous file new to this call."""
+    if not arguments.get("exchange_every"):
+        return None
+    ladder = arguments.get("temperature_K")
+    if not isinstance(ladder, list | tuple) or len(ladder) != n_systems:
+        raise SpreadError(
+            f"replica exchange needs temperature_K as one value per replica ({n_systems}), "
+            "lowest first, e.g. fm.geometric_ladder(300, 600, replicas)"
+        )
+    where = output if output is not None else Path(tempfile.mkdtemp(prefix="fastmace-exchange-"))
+    rendezvous = where / f".exchange-rendezvous-{uuid.uuid4().hex}"
+    return [
+        {"rank": rank, "parts": [[p.start, p.stop] for p in parts], "rendezvous": str(rendezvous),
+         "ladder_K": [float(t) for t in ladder], "seed": int(arguments.get("seed", 0))}
+        for rank in range(len(parts))
+    ]  # fmt: skip

@@ -171,7 +171,14 @@ class BlockReport:
 
 
 class BlockEnd(Protocol):
-    """Device work at the end of every block, captured with it (no host synchronisation)."""
+    """Device work at the end of every block, captured with it (no host synchronisation).
+
+    One whose ``in_graph`` is False runs eagerly instead, once the block has been accepted
+    (after any redo): work that talks to other processes must run exactly once per block on
+    every process, whatever redo one of them needed.
+    """
+
+    in_graph: bool
 
     def apply(self, md: MDState, steps: int) -> MDState:
         """The state after ``steps`` more steps, changed as the work requires."""
@@ -281,7 +288,7 @@ class Engine:
             if guard is not None:
                 guard.observe(md)
         force_field.search_now = force_field.dispersion_search_now = True
-        if self.block_end is not None:
+        if self.block_end is not None and self.block_end.in_graph:
             md = self.block_end.apply(md, steps)
         if guard is not None:
             guard.finish_block(md, force_field.neighbours)
@@ -383,6 +390,8 @@ class Engine:
             )
         if self.guard is not None:
             self.guard.check(flags[FLAGS:], steps=(first, last))  # raises GuardError
+        if self.block_end is not None and not self.block_end.in_graph:
+            copy_into(self.md, self.block_end.apply(self.md, steps))
         self.steps_done += steps
         return BlockReport(self.steps_done, regrown, searched_more)
 

@@ -13,11 +13,20 @@ inside the captured block (the engine's block end, :meth:`ReplicaExchange.apply`
 the end of every block and takes effect only when ``every`` steps have passed since the last
 one, a mask rather than a branch, so every replay does the same work. The uniform numbers
 come from a generator of its own.
+
+Spread over several processes (one GPU each, :mod:`fastmace.spread`), each process holds the
+walkers ``local`` of the ladder and the whole ladder's state (rungs, statistics, generator,
+seeded alike everywhere). At each block's end ``gather`` brings every walker's energy to every
+process (one all-gather of M numbers, :mod:`fastmace.dynamics.exchange_group`); each process
+then takes the same decisions and applies them to its own walkers. That block end runs
+eagerly after the block is accepted (``in_graph`` False), so every process gathers once per
+block even when one of them redid its block.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -36,6 +45,9 @@ class ReplicaExchange:
         generator: where the uniform numbers of the Metropolis tests come from.
         every: steps between exchanges (a block end after ``every`` steps exchanges).
         steps_since: () int64, steps since the last exchange.
+        local: the walkers of the ladder this process holds (all of them unless spread).
+        gather: every walker's (M,) energy from this process's (len(local),) energies, when
+            spread over processes; None in one process.
     """
 
     ladder_kT: torch.Tensor
@@ -46,10 +58,22 @@ class ReplicaExchange:
     generator: torch.Generator
     every: int = 1
     steps_since: torch.Tensor | None = None
+    local: slice = field(default_factory=lambda: slice(None))
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    @property
+    def in_graph(self) -> bool:
+        """Inside the captured block, unless it talks to other processes."""
+        return self.gather is None
 
     @classmethod
     def start(
-        cls, ladder_kT: torch.Tensor, generator: torch.Generator, every: int = 1
+        cls,
+        ladder_kT: torch.Tensor,
+        generator: torch.Generator,
+        every: int = 1,
+        local: slice = slice(None),
+        gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> ReplicaExchange:
         """Walker s at rung s; host-side checks of the ladder."""
         if ladder_kT.dim() != 1 or ladder_kT.shape[0] < 2:
@@ -68,6 +92,8 @@ class ReplicaExchange:
             generator=generator,
             every=every,
             steps_since=torch.zeros((), dtype=torch.int64, device=device),
+            local=local,
+            gather=gather,
         )
 
     # -- the engine's block end (captured with the block) -----------------------------------
@@ -79,11 +105,16 @@ class ReplicaExchange:
         self.steps_since.add_(steps)
         due = self.steps_since >= self.every
         self.steps_since.copy_(torch.where(due, self.steps_since - self.every, self.steps_since))
-        scale = self.exchange(md.energy, due)
+        energy = md.energy if self.gather is None else self.gather(md.energy)
+        scale = self.exchange(energy, due)[self.local]
         state = md.state
         velocities = state.velocities * scale.to(state.velocities.dtype)[state.system, None]
-        kT = self.ladder_kT[self.rung]
+        kT = self.ladder_kT[self.rung[self.local]]
         return replace(md, kT=kT, state=replace(state, velocities=velocities))
+
+    def local_rungs(self) -> list[int]:
+        """The rung of each walker this process holds (host read)."""
+        return self.rung[self.local].tolist()
 
     def tensors(self) -> list[torch.Tensor]:
         assert self.steps_since is not None
