@@ -18,6 +18,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 15  # D3's fused kernels, next session
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 16  # batches that fit; replicas
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 17  # D3's fused kernels, checked again
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 18  # two GPUs (nvidia-h200-x2 only)
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -205,6 +206,16 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     --case-timeout-s 120 > "$OUT/speed.log" 2>&1 --only \
     "mp0-medium/1728/fastmace-cueq-d3,mp0-medium/13824/fastmace-cueq-d3"
   echo "speed: exit $? ($(grep -o "dispersion_kernel[^,]*" "$OUT/speed/md_speed.json"))"
+  ;;
+18)
+  # Issue 15 on the two-GPU machine: the spread tests (one GPU against two, with replica
+  # exchange over NCCL), then replicas' throughput on one GPU and on two.
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_spread.py" \
+    > "$OUT/gpu_tests_spread.txt" 2>&1
+  echo "spread tests: exit $? ($(tail -1 "$OUT/gpu_tests_spread.txt"))"
+  timeout 380 python3 benchmarks/gpus_throughput.py --replicas 64,256 --steps 600 \
+    --out "$OUT/gpus" > "$OUT/gpus.log" 2>&1
+  echo "gpus: exit $? ($(cat "$OUT/gpus/gpus_throughput.md" 2>/dev/null | tail -4))"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -116,3 +116,22 @@ def test_spread_systems_follow_their_one_batch_trajectories_and_resume(tmp_path)
     assert [row["system"] for row in resumed.thermo if row["step"] == 20] == [0, 1, 2, 3]
     for one, other in zip(together.structures, resumed.structures, strict=True):
         np.testing.assert_allclose(one.positions, other.positions, rtol=0, atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_gpus_give_each_system_its_one_gpu_trajectory(tmp_path):
+    from conftest import same_trajectory_atol_A
+
+    ladder = fm.geometric_ladder(300.0, 900.0, 4)
+    settings = {**COMMON, "temperature_K": ladder, "exchange_every": 5, "steps": 20}
+    alone = fm.md(copper(), replicas=4, device="cuda", **settings)
+    spread = fm.md(copper(), replicas=4, device="cuda", gpus=2, output=tmp_path / "run",
+                   progress=io.StringIO(), **settings)  # fmt: skip
+    assert spread.report.startswith("The request ran on 2 GPUs at once")
+    assert [row["rung"] for row in alone.thermo if row["step"] == 20] == [
+        row["rung"] for row in spread.thermo if row["step"] == 20
+    ]
+    for one, other in zip(alone.structures, spread.structures, strict=True):
+        np.testing.assert_allclose(one.positions, other.positions, rtol=0,
+                                   atol=same_trajectory_atol_A())  # fmt: skip
