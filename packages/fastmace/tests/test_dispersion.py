@@ -220,10 +220,14 @@ def test_md_with_dispersion_conserves_energy() -> None:
     assert abs(end["total_energy_eV"] - start["total_energy_eV"]) < 1e-3
 
 
-def test_the_dispersion_list_is_searched_less_often_with_a_wider_skin(monkeypatch) -> None:
-    """D3's long list is searched once in DISPERSION_SEARCH_FACTOR model searches (at least
-    once per block) with a skin of DISPERSION_SKIN_A, and the dynamics are those of a list
-    searched as often as the model's."""
+@pytest.mark.parametrize("block_steps", [64, 8])
+def test_the_dispersion_list_is_searched_less_often_with_a_wider_skin(
+    monkeypatch, block_steps: int
+) -> None:
+    """D3's long list is searched once in DISPERSION_SEARCH_FACTOR model searches with a skin
+    of DISPERSION_SKIN_A, also when that period is longer than a block (8 steps here: at the
+    start of every fourth block), and the dynamics are those of a list searched as often as
+    the model's."""
     from ase.cluster import Icosahedron
 
     import fastmace as fm
@@ -238,14 +242,14 @@ def test_the_dispersion_list_is_searched_less_often_with_a_wider_skin(monkeypatc
 
     monkeypatch.setattr(NeighbourList, "rebuild", counted)
     settings = {"ensemble": "nvt", "temperature_K": 300, "dispersion": "d3bj", "steps": 64,
-                "dispersion_functional": "pbe", "block_steps": 64, "thermo_every": 64,
+                "dispersion_functional": "pbe", "block_steps": block_steps, "thermo_every": 64,
                 "trajectory_every": 64, "restart_every": 64,
                 "graphs": False}  # fmt: skip
     rare = fm.md(Icosahedron("Cu", 2), output=None, **settings)
     model = [c for c in searched if c < 10.0]
     d3 = [c for c in searched if c > 10.0]
     every = engine.DEFAULT_SEARCH_EVERY
-    # The first forces (before the block) search both lists once; then one block of 64 steps.
+    # The first forces (before the blocks) search both lists once; then 64 steps.
     assert len(model) == 1 + 64 // every
     assert len(d3) == 1 + 64 // (every * dispersion.DISPERSION_SEARCH_FACTOR)
     monkeypatch.setattr(dispersion, "DISPERSION_SEARCH_FACTOR", 1)

@@ -261,7 +261,8 @@ class Engine:
         self.capture = cuda if capture is None else capture
         if self.capture and not cuda:
             raise ValueError("CUDA graph capture needs the state on a CUDA device")
-        self.graph: torch.cuda.CUDAGraph | None = None
+        # One graph per block pattern: with and without the long list's search at its start.
+        self.graphs: dict[bool, torch.cuda.CUDAGraph] = {}
         self.warmed_up = False  # a graph is captured after one eager block (the warm-up)
         self.last_launch = ""  # "eager", "capture" or "replay": what the last block did
         self.capture_failure: str | None = None  # why graphs were given up, if they were
@@ -274,7 +275,18 @@ class Engine:
 
     # -- one block -------------------------------------------------------------------------
 
-    def _advance(self, md: MDState, steps: int | None = None) -> MDState:
+    def _long_search_due(self) -> bool:
+        """Does the next block search the dispersion term's long list at its first step?
+        The list is searched every ``search_every x DISPERSION_SEARCH_FACTOR`` steps: within
+        the block where that period fits in it, else at the start of every m-th block (m
+        blocks span the period), so a short block does not search the long list each time."""
+        if self.force_field.dispersion is None:
+            return True  # no long list: one pattern
+        period = self.force_field.search_every * DISPERSION_SEARCH_FACTOR
+        blocks = -(-period // self.block_steps)  # ceil
+        return (self.steps_done // self.block_steps) % blocks == 0
+
+    def _advance(self, md: MDState, steps: int | None = None, long_search: bool = True) -> MDState:
         force_field, guard = self.force_field, self.guard
         if guard is not None:
             guard.start_block(md, force_field.neighbours)
@@ -283,7 +295,8 @@ class Engine:
             # A fixed pattern within the block, so a captured block replays the same work.
             every = force_field.search_every
             force_field.search_now = index % every == 0
-            force_field.dispersion_search_now = index % (every * DISPERSION_SEARCH_FACTOR) == 0
+            period = every * DISPERSION_SEARCH_FACTOR
+            force_field.dispersion_search_now = index % period == 0 and (index > 0 or long_search)
             md = self.step_fn(md, force_field)
             if guard is not None:
                 guard.observe(md)
@@ -294,46 +307,48 @@ class Engine:
             guard.finish_block(md, force_field.neighbours)
         return md
 
-    def _run_eager(self, steps: int | None = None) -> None:
+    def _run_eager(self, steps: int | None = None, long_search: bool = True) -> None:
         if self.md.state.device.type == "cuda":
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                copy_into(self.md, self._advance(self.md, steps))
+                copy_into(self.md, self._advance(self.md, steps, long_search))
             torch.cuda.current_stream().wait_stream(side)
         else:
-            copy_into(self.md, self._advance(self.md, steps))
+            copy_into(self.md, self._advance(self.md, steps, long_search))
 
-    def _capture(self) -> None:
+    def _capture(self, long_search: bool) -> None:
         graph = torch.cuda.CUDAGraph()
         for generator in self._generators():
             graph.register_generator_state(generator)
-        with torch.cuda.graph(graph):
-            copy_into(self.md, self._advance(self.md))
-        self.graph = graph
+        # The patterns' graphs replay one after another: they can share one memory pool.
+        shared = next(iter(self.graphs.values())).pool() if self.graphs else None
+        with torch.cuda.graph(graph, pool=shared):
+            copy_into(self.md, self._advance(self.md, long_search=long_search))
+        self.graphs[long_search] = graph
 
     def _launch(self, steps: int) -> None:
+        long_search = self._long_search_due()
         if steps != self.block_steps:
-            self._run_eager(steps)  # a short last block: not worth a capture of its own
+            self._run_eager(steps, long_search)  # a short last block: not worth a capture
             self.last_launch = "eager"
         elif self.capture and self.warmed_up:
             self.last_launch = "replay"
-            if self.graph is None:
+            if long_search not in self.graphs:
                 try:
-                    self._capture()  # capturing records the work without running it
+                    self._capture(long_search)  # capturing records the work without running it
                 except RuntimeError as error:
                     # Fallback: graphs -> no graphs, recorded (report, metadata.json).
                     self.capture_failure = f"{type(error).__name__}: {error}"[:500]
                     self.capture = False
-                    self.graph = None
-                    self._run_eager()
+                    self.graphs.clear()
+                    self._run_eager(long_search=long_search)
                     self.last_launch = "eager"
                     return
                 self.last_launch = "capture"
-            assert self.graph is not None
-            self.graph.replay()
+            self.graphs[long_search].replay()
         else:
-            self._run_eager()
+            self._run_eager(long_search=long_search)
             self.warmed_up = self.capture
             self.last_launch = "eager"
 
@@ -380,7 +395,7 @@ class Engine:
                 regrowths += 1
             else:
                 self.force_field.build(self.md.state)
-                self.graph = None  # the schedule changed: capture again
+                self.graphs.clear()  # the schedule changed: capture again
         first, last = self.steps_done, self.steps_done + steps
         if not (bool(flags[1]) and bool(flags[2])):
             raise SimulationError(
@@ -440,6 +455,6 @@ class Engine:
             )
         else:
             field.edges = field.neighbours.build(state)
-        self.graph = None  # shapes changed: capture again, after an eager warm-up block
+        self.graphs.clear()  # shapes changed: capture again, after an eager warm-up block
         self.warmed_up = False
         self.regrowths += 1
