@@ -42,8 +42,9 @@ STAND_INS = {
 }
 STEP_KEYWORDS = {"steps"}
 INTERVAL_KEYWORDS = {"thermo_every", "trajectory_every", "restart_every"}
-# Keyword arguments dropped: the demo model is shipped, so there is nothing to download.
-DROPPED_KEYWORDS = {"download"}
+# Keyword arguments dropped: the demo model is shipped, so there is nothing to download; the
+# CPU stands in for GPUs, so nothing to spread over several.
+DROPPED_KEYWORDS = {"download", "gpus"}
 # Names a block uses that an earlier part of its page defines in prose ("atoms" is the user's
 # structure), given here.
 PREAMBLE = "import ase.io\natoms = ase.io.read('structure.cif')\n"
