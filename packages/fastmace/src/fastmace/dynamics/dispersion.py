@@ -476,24 +476,38 @@ class DispersionTerm:
         self.kernel_choice = f"{d3.kernel} (as constructed)"
 
     @classmethod
-    def for_state(cls, state: State, functional: str, skin: float) -> DispersionTerm:
-        """The term for ``state``'s elements and ``functional``, its list planned and built,
-        and on CUDA its kernels chosen (:meth:`choose_kernel`)."""
+    def for_state(
+        cls, state: State, functional: str, skin: float, three_body: bool = False
+    ) -> DispersionTerm:
+        """The term for ``state``'s elements and ``functional``, its list planned and built
+        (and the three-body term's slots sized on it), and on CUDA its kernels chosen
+        (:meth:`choose_kernel`)."""
         d3 = D3BJ(
             D3BJParameters.for_functional(functional),
             state.atomic_numbers.tolist(),
+            three_body=three_body,
             device=state.device,
         )
         neighbours = NeighbourList(state, d3.cutoff, max(skin, DISPERSION_SKIN_A))
         term = cls(d3, neighbours, neighbours.build(state))
+        term.size_triples()
         term.choose_kernel(state)
         return term
+
+    def size_triples(self) -> None:
+        """Size the three-body term's per-atom slots on the current edges (host-side: when
+        the list is built or regrown, between blocks); nothing without the three-body term."""
+        if self.d3.three_body:
+            self.d3.size_triples(self.edges)
 
     def choose_kernel(self, state: State) -> str:
         """On CUDA, the fused Triton kernels if they give the torch version's energy, forces
         and stress on ``state`` (checked once, here, outside any capture); otherwise, and off
         CUDA, the torch version. Returns and keeps the choice with its reason."""
         self.d3.kernel = "torch"
+        if self.d3.three_body:  # the fused kernels have the two-body term only
+            self.kernel_choice = "torch (three-body term)"
+            return self.kernel_choice
         if state.device.type != "cuda":
             self.kernel_choice = "torch (not on CUDA)"
             return self.kernel_choice
@@ -517,12 +531,13 @@ class DispersionTerm:
         """What metadata.json and the report say of it."""
         p = self.d3.parameters
         return {
-            "method": "d3bj",
+            "method": "d3bj-atm" if self.d3.three_body else "d3bj",
             "functional": p.functional,
             "parameters": {"s6": p.s6, "a1": p.a1, "s8": p.s8, "a2": p.a2},
             "cutoff_A": self.d3.cutoff,
             "cn_cutoff_A": self.d3.cn_cutoff,
-            "three_body": False,
+            "three_body": self.d3.three_body,
+            "triple_slots": self.d3.slots,
             "skin_A": self.neighbours.skin,
             "search_factor": DISPERSION_SEARCH_FACTOR,
             "edge_capacity": self.neighbours.capacity,
@@ -543,8 +558,11 @@ def dispersion_functional(
         if explicit is not None:
             raise DispersionError("dispersion_functional needs dispersion='d3bj'")
         return None
-    if dispersion != "d3bj":
-        raise DispersionError(f"unknown dispersion {dispersion!r}; the one there is: 'd3bj'")
+    if dispersion not in METHODS:
+        raise DispersionError(
+            f"unknown dispersion {dispersion!r}; the ones there are: "
+            + ", ".join(repr(method) for method in METHODS)
+        )
     functional = explicit or d3_functional
     if functional is None:
         raise DispersionError(

@@ -130,19 +130,20 @@ def three_body(
     flat = table.edge.reshape(-1)
     row = {name: value.index_select(0, flat).view(n_atoms, slots, *value.shape[1:])
            for name, value in padded.items()}  # fmt: skip
-    length = table.length.clamp(min=1)
+    length = table.length.clamp(max=slots)  # a longer run has set the overflow flag
+    modulus = length.clamp(min=1)
     first = torch.arange(slots, device=device)
     out = [torch.zeros(n_atoms, dtype=edge.c6.dtype, device=device) for _ in range(2)]
     out += [torch.zeros(n_atoms, k, dtype=edge.c6.dtype, device=device) for k in (3, 9)]
     width = max(1, TRIPLES_PER_CHUNK // max(1, n_atoms * slots))
     for start in range(1, slots // 2 + 1, width):
         offsets = torch.arange(start, min(start + width, slots // 2 + 1), device=device)
-        partner = (first[None, :, None] + offsets[None, None, :]) % length[:, None, None]
+        partner = (first[None, :, None] + offsets[None, None, :]) % modulus[:, None, None]
         # Each unordered pair of a run is one offset apart going round it; a run of even
         # length meets the pairs half-way round from both ends: half weight each.
         weight = torch.where(2 * offsets[None, None, :] == length[:, None, None], 0.5, 1.0)
-        live = (first[None, :, None] < table.length[:, None, None]) & (
-            offsets[None, None, :] <= table.length[:, None, None] // 2
+        live = (first[None, :, None] < length[:, None, None]) & (
+            offsets[None, None, :] <= length[:, None, None] // 2
         )
         chunk = _triples(row, partner, weight * live, pair_c6, r0_of, cutoff2, exponent)
         out = [total + part for total, part in zip(out, chunk, strict=True)]
