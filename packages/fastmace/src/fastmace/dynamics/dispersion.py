@@ -214,6 +214,7 @@ class D3BJ(torch.nn.Module):
         self.register_buffer("rcov", buffer(arrays["rcov"]))
         self.register_buffer("r2r4", buffer(arrays["r2r4"]))
         self.register_buffer("r0ab", buffer(arrays["r0ab"]))
+        self.register_buffer("r0_towards", buffer(arrays["r0ab"][:, run]))  # (95, k)
 
     def size_triples(self, edges: Edges) -> None:
         """Size the three-body term's per-atom slots for ``edges`` (host-side: reads the
@@ -350,10 +351,11 @@ class D3BJ(torch.nn.Module):
         edges.overflow.copy_(edges.overflow | ~table.fits)
         weights, _ = self._weights(numbers, cn)
         (towards,) = self._towards(numbers, weights)
-        pair_c6 = atm.PairC6(towards.reshape(-1, towards.shape[-1]), weights, self.slot,
-                             numbers, towards.shape[1])  # fmt: skip
+        r0 = self.r0_towards[numbers]
+        pair = atm.PairC6(towards.reshape(-1, towards.shape[-1]), r0.reshape(-1), weights,
+                          self.slot, numbers)  # fmt: skip
         cutoff2 = (self.cn_cutoff / BOHR_A) ** 2
-        return atm.three_body(table, edge, pair_c6, self.r0ab, cutoff2, self.parameters.alp + 2.0)
+        return atm.three_body(table, edge, pair, cutoff2, self.parameters.alp + 2.0)
 
     def _c6(
         self, numbers: torch.Tensor, cn: torch.Tensor, sender: torch.Tensor, receiver: torch.Tensor

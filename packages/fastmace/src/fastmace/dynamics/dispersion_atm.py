@@ -65,22 +65,24 @@ def slot_table(
 
 @dataclass
 class PairC6:
-    """The C6 of any two atoms of the batch (hartree bohr^6), from per-atom data: atom a's
-    reference C6 row towards each species weighted by its Gaussian weights, dotted with b's
-    weights (D3's weighted mean, as the two-body term factors it)."""
+    """The C6 (hartree bohr^6) and D3's R0 (bohr) of any two atoms a, b of the batch from
+    per-atom rows towards each of the run's species: a's reference C6 weighted by its
+    Gaussian weights (dotted with b's weights: D3's weighted mean, factored as in the
+    two-body term), and R0 of a's element with each species."""
 
     towards: torch.Tensor  # (N * k, 5): w_a . C6ref towards each of the run's k species
+    r0: torch.Tensor  # (N * k,)
     weights: torch.Tensor  # (N, 5)
     slot: torch.Tensor  # (95,) index of an element among the run's species
     numbers: torch.Tensor  # (N,) atomic numbers
-    species: int  # k
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        rows = a * self.species + self.slot[self.numbers[b]]
-        shape = a.shape
-        towards = self.towards.index_select(0, rows.reshape(-1))
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """C6 and R0 of every pair (a, b), a and b atom indices of one shape."""
+        species = self.r0.shape[0] // self.numbers.shape[0]
+        rows = (a * species + self.slot[self.numbers[b]]).reshape(-1)
         partner = self.weights.index_select(0, b.reshape(-1))
-        return (towards * partner).sum(dim=-1).view(shape)
+        c6 = (self.towards.index_select(0, rows) * partner).sum(dim=-1)
+        return c6.view(a.shape), self.r0.index_select(0, rows).view(a.shape)
 
 
 @dataclass
@@ -109,8 +111,7 @@ class AtomTerms:
 def three_body(
     table: SlotTable,
     edge: EdgeTerms,
-    pair_c6: PairC6,
-    r0_of: torch.Tensor,
+    pair: PairC6,
     cutoff2: float,
     exponent: float,
 ) -> AtomTerms:
@@ -119,8 +120,7 @@ def three_body(
     Args:
         table: each atom's run of edges (:func:`slot_table`).
         edge: per-edge quantities; index ``capacity`` (an appended row) is an empty slot.
-        pair_c6: the C6 of two atoms (for the triple's third side, j-k).
-        r0_of: (95, 95) D3's pairwise R0 in bohr.
+        pair: the C6 and R0 of two atoms (for the triple's third side, j-k).
         cutoff2: squared three-body cutoff, bohr^2.
         exponent: the damping's exponent (alp + 2).
     """
@@ -145,7 +145,7 @@ def three_body(
         live = (first[None, :, None] < length[:, None, None]) & (
             offsets[None, None, :] <= length[:, None, None] // 2
         )
-        chunk = _triples(row, partner, weight * live, pair_c6, r0_of, cutoff2, exponent)
+        chunk = _triples(row, partner, weight * live, pair, cutoff2, exponent)
         out = [total + part for total, part in zip(out, chunk, strict=True)]
     return AtomTerms(*out)
 
@@ -174,47 +174,51 @@ def _triples(
     row: dict[str, torch.Tensor],
     partner: torch.Tensor,
     weight: torch.Tensor,
-    pair_c6: PairC6,
-    r0_of: torch.Tensor,
+    pair: PairC6,
     cutoff2: float,
     exponent: float,
 ) -> list[torch.Tensor]:
     """One chunk of triples (centre, slot j, slot k = partner): per-centre sums of the
-    energy (a third of each triple's), dE/dCN of the centre, force on it and dE/dstrain."""
-    v1 = row["vectors"][:, :, None, :].expand(-1, -1, partner.shape[2], -1)
-    v2 = _take(row["vectors"], partner)
-    v3 = v2 - v1
-    x1, x2, x3 = ((v * v).sum(dim=-1) for v in (v1, v2, v3))
-    j = row["receiver"][:, :, None].expand_as(partner)
-    k = _take(row["receiver"], partner)
+    energy (a third of each triple's), dE/dCN of the centre, force on it and dE/dstrain.
+
+    Slot j's quantities stay (N, S, 1) and broadcast; only slot k's are gathered."""
+    n_atoms = partner.shape[0]
+    v1, v2 = row["vectors"], _take(row["vectors"], partner)
+    v3 = v2 - v1[:, :, None, :]
+    x1 = (v1 * v1).sum(dim=-1)[:, :, None]
+    x2, x3 = (v2 * v2).sum(dim=-1), (v3 * v3).sum(dim=-1)
     inside = row["inside"][:, :, None] & _take(row["inside"], partner) & (x3 <= cutoff2) & (x3 > 0)
     weight = torch.where(inside, weight, 0.0)
     x3 = torch.where(inside, x3, 1.0)  # empty slots and coincident points: harmless values
-    c6_j, c6_k = row["c6"][:, :, None], _take(row["c6"], partner)
-    c9 = (c6_j * c6_k * pair_c6(j, k)).sqrt()
-    z = pair_c6.numbers
-    r0 = row["r0"][:, :, None] * _take(row["r0"], partner) * r0_of[z[j], z[k]]
-    damp, damp_slope, ang, ang_slopes = _shape(x1, x2, x3, r0, exponent)
-    g = damp * ang
-    energy = c9 * g * weight
-    # d(energy)/d(x_m), x_m the squared sides (centre-j, centre-k, j-k).
-    slopes = [
-        c9 * weight * (damp_slope / x * ang + damp * a)
-        for x, a in zip((x1, x2, x3), ang_slopes, strict=True)
-    ]
-    cn_slope = (
-        0.5 * energy * (row["c6_slope"][:, :, None] / c6_j + _take(row["c6_slope"], partner) / c6_k)
+    c6_jk, r0_jk = pair(
+        row["receiver"][:, :, None].expand_as(partner), _take(row["receiver"], partner)
     )
+    c6_j, c6_k = row["c6"][:, :, None], _take(row["c6"], partner)
+    c9 = (c6_j * c6_k * c6_jk).sqrt()
+    r0 = row["r0"][:, :, None] * _take(row["r0"], partner) * r0_jk
+    damp, damp_slope, ang, ang_slopes = _shape(x1, x2, x3, r0, exponent)
+    scale = c9 * weight
+    energy = scale * damp * ang
+    # d(energy)/d(x_m), x_m the squared sides (centre-j, centre-k, j-k).
+    s1, s2, s3 = (scale * (damp_slope / x * ang + damp * a)
+                  for x, a in zip((x1, x2, x3), ang_slopes, strict=True))  # fmt: skip
+    c6_share = row["c6_slope"][:, :, None] / c6_j + _take(row["c6_slope"], partner) / c6_k
+    cn_slope = 0.5 * energy * c6_share
     # x1 = |r_j - r_i|^2: moving the centre by dr changes it by -2 v1 . dr.
-    force = 2.0 * (slopes[0][..., None] * v1 + slopes[1][..., None] * v2)
-    strain = sum(2.0 * s[..., None, None] * v[..., :, None] * v[..., None, :]
-                 for s, v in zip(slopes, (v1, v2, v3), strict=True))  # fmt: skip
-    n_atoms = partner.shape[0]
+    s1_slot = s1.sum(dim=2)
+    flat2, flat3 = v2.reshape(n_atoms, -1, 3), v3.reshape(n_atoms, -1, 3)
+    s2_flat, s3_flat = s2.reshape(n_atoms, 1, -1), s3.reshape(n_atoms, 1, -1)
+    force = (s1_slot[..., None] * v1).sum(dim=1) + torch.bmm(s2_flat, flat2)[:, 0]
+    strain = (
+        torch.bmm((s1_slot[..., None] * v1).transpose(1, 2), v1)
+        + torch.bmm((s2_flat.transpose(1, 2) * flat2).transpose(1, 2), flat2)
+        + torch.bmm((s3_flat.transpose(1, 2) * flat3).transpose(1, 2), flat3)
+    )
     return [
         energy.sum(dim=(1, 2)) / 3.0,
         cn_slope.sum(dim=(1, 2)),
-        force.sum(dim=(1, 2)),
-        strain.sum(dim=(1, 2)).reshape(n_atoms, 9) / 3.0,
+        2.0 * force,
+        (2.0 / 3.0) * strain.reshape(n_atoms, 9),
     ]
 
 
