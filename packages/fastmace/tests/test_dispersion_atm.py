@@ -159,6 +159,13 @@ def test_too_few_slots_set_the_overflow_flag(cases) -> None:
     assert bool(edges.overflow)
 
 
+def test_the_fused_kernels_are_refused_with_the_three_body_term() -> None:
+    from fastmace.dynamics.dispersion import DispersionError
+
+    with pytest.raises(DispersionError, match="two-body term only"):
+        D3BJ(D3BJParameters.for_functional("pbe"), [29], three_body=True, kernel="triton")
+
+
 def test_no_host_synchronisation(cases) -> None:
     state = State.from_atoms([cases["slab"]])
     edges = NeighbourList(state, SOLID_CUTOFF_A, skin=0.5).build(state)

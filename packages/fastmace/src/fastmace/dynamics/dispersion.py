@@ -187,6 +187,11 @@ class D3BJ(torch.nn.Module):
             raise DispersionError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
         self.kernel = kernel
         self.three_body = bool(three_body)
+        if self.three_body and kernel == "triton":
+            raise DispersionError(
+                "the fused Triton kernels have the two-body term only; use kernel='torch' "
+                "with three_body=True"
+            )
         self.slots: int | None = None  # per-atom edge slots of the three-body term
         if not 0 < cn_cutoff <= cutoff:
             raise DispersionError(
@@ -233,7 +238,7 @@ class D3BJ(torch.nn.Module):
         if they are not, every result is NaN (a guard stops the run) rather than wrong.
         """
         with torch.no_grad():
-            if self.kernel == "triton":
+            if self.kernel == "triton" and not self.three_body:  # two-body kernels only
                 return self._evaluate_fused(state, edges, compute_stress)
             return self._evaluate(state, edges, compute_stress)
 
