@@ -12,7 +12,9 @@ Triples are enumerated per centre atom as the unordered pairs of its own edges, 
 its vertices (periodic images included), so its energy is shared a third to each, and every
 derivative a vertex needs (its force, its coordination-number slope) is found among its own
 triples: per-atom sums, no atomics. ``slots`` bounds the run length; it is set on the host when
-the list is built (:func:`slots_for`) and an atom with a longer run makes every result NaN.
+the list is built (:func:`slots_for`), and an atom with a longer run sets the list's overflow
+flag (the caller, D3BJ, does; the engine then regrows the list and sizes the slots again).
+Design, checks and cost: docs/validation/dispersion.md, "Three-body (ATM) term".
 """
 
 from __future__ import annotations
