@@ -160,8 +160,6 @@ def test_parameters_come_from_the_reference_tables() -> None:
 
 def test_refusals() -> None:
     parameters = D3BJParameters.for_functional("pbe")
-    with pytest.raises(DispersionError, match="three-body"):
-        D3BJ(parameters, [6], three_body=True)
     with pytest.raises(DispersionError, match="no D3\\(BJ\\) parameters"):
         D3BJParameters.for_functional("emt")
     with pytest.raises(DispersionError, match="95"):

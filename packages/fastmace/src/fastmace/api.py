@@ -201,7 +201,8 @@ def md(
 
     ``dispersion="d3bj"`` adds D3(BJ) dispersion (two-body, mace-torch's
     ``mace_mp(dispersion=True)`` cutoffs) with the parameters of the functional the model's
-    head was trained on (the label table's), or of ``dispersion_functional`` (docs/md.md).
+    head was trained on (the label table's), or of ``dispersion_functional`` (docs/md.md);
+    ``dispersion="d3bj-atm"`` adds its three-body (Axilrod-Teller-Muto) term too.
 
     ``guard`` sets the physical bounds the run must stay within, checked on the device every
     block (docs/md.md): ``None``/``True`` the defaults, ``False`` off, a mapping of bounds or

@@ -67,7 +67,8 @@ class FastMACECalculator(Calculator):
         backend: ``"auto"``, ``"e3nn"``, ``"cueq"``, ``"oeq"`` or ``"hybrid"`` (loading only).
         skin_A: Verlet skin of the neighbour list in Å (default none:
             ``fastmace.vocabulary.CALCULATOR_SKIN_A`` says why).
-        dispersion: ``"d3bj"`` adds D3(BJ) dispersion, with the parameters of the functional
+        dispersion: ``"d3bj"`` adds D3(BJ) dispersion (``"d3bj-atm"``: with its three-body
+            term), with the parameters of the functional
             the model's head was trained on, or of ``dispersion_functional``, as ``fm.md``
             does (docs/md.md).
         **load_options: further arguments of ``fm.load`` (``checkpoint``, ``download``,
@@ -102,6 +103,7 @@ class FastMACECalculator(Calculator):
         self.dispersion_functional = model_dispersion_functional(
             dispersion, dispersion_functional, self.loaded, []
         )
+        self.three_body = dispersion == "d3bj-atm"
         self._potential: Potential | None = None
         self._d3: D3BJ | None = None
         self._lists: dict[str, _Neighbours] = {}  # "model", and "d3" with dispersion
@@ -132,7 +134,10 @@ class FastMACECalculator(Calculator):
         energy, forces, stress = output.energy, output.forces, output.stress
         if self.dispersion_functional is not None:  # D3(BJ) on its own list, as in MD
             d3 = self._d3_for(atoms)
-            extra = d3(state, self._edges_for("d3", atoms, state, d3.cutoff), periodic)
+            d3_edges = self._edges_for("d3", atoms, state, d3.cutoff)
+            if d3.three_body:  # host-side here: a calculator call is not captured
+                d3.size_triples(d3_edges)
+            extra = d3(state, d3_edges, periodic)
             energy, forces = energy + extra.energy, forces + extra.forces
             stress = None if stress is None else stress + extra.stress
         self.results = {
@@ -160,7 +165,8 @@ class FastMACECalculator(Calculator):
         if self._d3 is None or not species <= set(self._d3.species):
             assert self.dispersion_functional is not None
             parameters = D3BJParameters.for_functional(self.dispersion_functional)
-            self._d3 = D3BJ(parameters, sorted(species), device=self.loaded.device)
+            self._d3 = D3BJ(parameters, sorted(species), three_body=self.three_body,
+                            device=self.loaded.device)  # fmt: skip
         return self._d3
 
     def _edges_for(self, name: str, atoms: ase.Atoms, state: State, cutoff: float) -> Edges:

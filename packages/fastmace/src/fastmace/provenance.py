@@ -329,7 +329,9 @@ def _dispersion_summary(term: Any) -> str:
     record = term.record()
     return (
         f"D3(BJ), {record['functional']} parameters, cutoff {record['cutoff_A']:.2f} Å "
-        f"(CN {record['cn_cutoff_A']:.2f} Å), two-body, edge capacity {record['edge_capacity']}, "
+        f"(CN {record['cn_cutoff_A']:.2f} Å), "
+        f"{'two- and three-body' if record['three_body'] else 'two-body'}, "
+        f"edge capacity {record['edge_capacity']}, "
         f"kernel {record['kernel']}"
     )
 

@@ -121,7 +121,12 @@ class Relaxation:
         # D3(BJ) on a list of its own, as in MD: the relaxed structure is the minimum of the
         # same force field the MD run that follows will use.
         self.dispersion = (
-            DispersionTerm.for_state(state, self.dispersion_functional, engine.skin_A)
+            DispersionTerm.for_state(
+                state,
+                self.dispersion_functional,
+                engine.skin_A,
+                three_body=dispersion == "d3bj-atm",
+            )
             if self.dispersion_functional is not None
             else None
         )
@@ -263,7 +268,8 @@ class Relaxation:
             return "none"
         return (
             f"D3(BJ), {self.dispersion_functional} parameters, cutoff "
-            f"{self.dispersion.d3.cutoff:.2f} Å, two-body"
+            f"{self.dispersion.d3.cutoff:.2f} Å, "
+            f"{'two- and three-body' if self.dispersion.d3.three_body else 'two-body'}"
         )
 
     def _write(self, result: RelaxResult) -> None:

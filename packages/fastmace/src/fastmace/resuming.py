@@ -53,7 +53,11 @@ def physics_record(
         "seed": settings.seed,
         "temperature_schedule": _schedule(settings.temperature_schedule),
         "pressure_schedule": _schedule(settings.pressure_schedule),
-        "dispersion": None if dispersion_functional is None else f"d3bj ({dispersion_functional})",
+        "dispersion": (
+            None
+            if dispersion_functional is None
+            else f"{settings.dispersion} ({dispersion_functional})"
+        ),
     }
 
 

@@ -39,7 +39,8 @@ class RunSettings:
     pressure_schedule: PressureSchedule | None = None
     """The barostat's target over the run (NPT); None: the ensemble's own."""
     dispersion: str | None = None
-    """An extra dispersion term: "d3bj" (D3 with Becke-Johnson damping) or None."""
+    """An extra dispersion term: "d3bj" (D3 with Becke-Johnson damping), "d3bj-atm" (with its
+    three-body term) or None."""
     dispersion_functional: str | None = None
     """Its parameter set ("pbe", ...); None: the one the label table gives the model's head."""
     exchange_every: int = 0

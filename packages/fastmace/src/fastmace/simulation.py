@@ -226,7 +226,10 @@ class Simulation:
         if self.dispersion_functional is None:
             return None
         return DispersionTerm.for_state(
-            state, self.dispersion_functional, self.engine_settings.skin_A
+            state,
+            self.dispersion_functional,
+            self.engine_settings.skin_A,
+            three_body=self.settings.dispersion == "d3bj-atm",
         )
 
     def _neighbour_list(self, state: State, restart: Any) -> tuple[NeighbourList, Any]:

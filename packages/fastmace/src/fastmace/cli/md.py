@@ -292,8 +292,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 def add_dispersion_options(parser: argparse.ArgumentParser) -> None:
     """--dispersion and --dispersion-functional, the same for fastmace md and fastmace relax."""
     parser.add_argument(
-        "--dispersion", choices=("d3bj",),
-        help="add D3(BJ) dispersion with the model head's functional (docs/md.md)",
+        "--dispersion", choices=("d3bj", "d3bj-atm"),
+        help="add D3(BJ) dispersion with the model head's functional; d3bj-atm: with its "
+        "three-body (ATM) term (docs/md.md)",
     )  # fmt: skip
     parser.add_argument(
         "--dispersion-functional", dest="dispersion_functional",

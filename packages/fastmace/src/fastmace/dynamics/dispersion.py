@@ -2,9 +2,10 @@
 
 :class:`D3BJ` turns a State and the Edges of a neighbour list planned with the dispersion's
 cutoff (every pair within it, both directions, as `NeighbourList` gives them) into energies
-per system, forces and stresses, like `Potential`. The two-body term only: coordination numbers
+per system, forces and stresses, like `Potential`. The two-body term: coordination numbers
 from D3's counting function, C6 from the reference table by Gaussian weighting in CN, C8 from
-C6 and the <r4>/<r2> ratios, rational (BJ) damping with the functional's s6, a1, s8, a2.
+C6 and the <r4>/<r2> ratios, rational (BJ) damping with the functional's s6, a1, s8, a2; and
+optionally the three-body (ATM) term, as torch-dftd computes it (dispersion_atm.py).
 
 Reference data are read at run time from torch-dftd's data file (the package mace-torch's
 ``mace_mp(dispersion=True)`` uses) and its parameter table; nothing is typed in here. Units
@@ -26,6 +27,7 @@ import ase.units
 import numpy as np
 import torch
 
+from fastmace.dynamics import dispersion_atm as atm
 from fastmace.dynamics.edges import Edges, per_system_matmul, systems_of
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import PotentialOutput, _cell_volume
@@ -52,6 +54,8 @@ MAX_ATOMIC_NUMBER = 94  # the reference table covers H to Pu
 DISPERSION_SKIN_A = 2.0
 DISPERSION_SEARCH_FACTOR = 4
 KERNELS = ("torch", "triton")
+# The user-facing methods: the two-body term, and with the three-body (ATM) term.
+METHODS = ("d3bj", "d3bj-atm")
 # The fused kernels are used only within this relative difference of the torch version on the
 # run's first state (float64 rounding: 1e-13 to 1e-16 was measured on the CPU interpreter).
 FUSED_TOLERANCE = 1e-10
@@ -74,6 +78,7 @@ class D3BJParameters:
     a1: float
     s8: float
     a2: float
+    alp: float = 14.0  # the three-body term's zero damping uses alp + 2
 
     @classmethod
     def for_functional(cls, functional: str) -> D3BJParameters:
@@ -89,7 +94,7 @@ class D3BJParameters:
                 f"no D3(BJ) parameters for the functional {functional!r} in torch-dftd's "
                 "table; give a functional it knows (pbe, r2scan, pbesol, b3-lyp, ...)"
             ) from None
-        return cls(name, values["s6"], values["rs6"], values["s18"], values["rs18"])
+        return cls(name, values["s6"], values["rs6"], values["s18"], values["rs18"], values["alp"])
 
 
 def _require_torch_dftd() -> None:
@@ -117,6 +122,7 @@ def _reference_arrays() -> dict[str, np.ndarray]:
         c6ab = np.array(data["c6ab"])  # (95, 95, 5, 5, 3): C6, CN of A's reference, CN of B's
         rcov = np.array(data["rcov"])  # covalent radii in bohr, D3's k2 = 4/3 already applied
         r2r4 = np.array(data["r2r4"])
+        r0ab = np.array(data["r0ab"])  # (95, 95) pairwise R0 in bohr: the three-body damping
     present = c6ab[..., 0] > 0
     # Each element's references exist (and have their CN) whatever the partner: the pair
     # weights D3 uses then factor into one weight vector per atom (checked, not assumed).
@@ -130,6 +136,7 @@ def _reference_arrays() -> dict[str, np.ndarray]:
         "present": refs,
         "rcov": rcov,
         "r2r4": r2r4,
+        "r0ab": r0ab,
     }
 
 
@@ -152,8 +159,9 @@ class D3BJ(torch.nn.Module):
         cutoff: pair cutoff in Å (default mace-torch's, 40 bohr).
         cn_cutoff: coordination-number cutoff in Å (default torch-dftd's, 40 bohr); at most
             ``cutoff``, since it is evaluated on the same pairs.
-        three_body: the Axilrod-Teller-Muto term; not implemented yet (mace-torch's default
-            leaves it off too).
+        three_body: add the Axilrod-Teller-Muto term over triples whose sides are all within
+            ``cn_cutoff`` (torch-dftd's ``abc=True``; mace-torch's default leaves it off). Its
+            evaluation needs :meth:`size_triples` called on the list first (host-side).
         device: where the reference tables live (the state's device).
         kernel: "torch" (passes over the pair list in torch, any device) or "triton" (three
             fused kernels, one program per atom: dispersion_triton.py; CUDA, or Triton's
@@ -178,11 +186,13 @@ class D3BJ(torch.nn.Module):
         if kernel not in KERNELS:
             raise DispersionError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
         self.kernel = kernel
-        if three_body:
+        self.three_body = bool(three_body)
+        if self.three_body and kernel == "triton":
             raise DispersionError(
-                "the D3 three-body (ATM) term is not implemented yet; run with "
-                "three_body=False (mace-torch's mace_mp(dispersion=True) default)"
+                "the fused Triton kernels have the two-body term only; use kernel='torch' "
+                "with three_body=True"
             )
+        self.slots: int | None = None  # per-atom edge slots of the three-body term
         if not 0 < cn_cutoff <= cutoff:
             raise DispersionError(
                 f"need 0 < cn_cutoff <= cutoff, got cn_cutoff={cn_cutoff}, cutoff={cutoff}"
@@ -208,6 +218,13 @@ class D3BJ(torch.nn.Module):
         self.register_buffer("present", buffer(arrays["present"], torch.bool))
         self.register_buffer("rcov", buffer(arrays["rcov"]))
         self.register_buffer("r2r4", buffer(arrays["r2r4"]))
+        self.register_buffer("r0ab", buffer(arrays["r0ab"]))
+        self.register_buffer("r0_towards", buffer(arrays["r0ab"][:, run]))  # (95, k)
+
+    def size_triples(self, edges: Edges) -> None:
+        """Size the three-body term's per-atom slots for ``edges`` (host-side: reads the
+        longest run back; call when the list is built or regrown, never in a capture)."""
+        self.slots = atm.slots_for(edges.edge_index[0], edges.mask)
 
     def check_species(self, species: Iterable[int]) -> None:
         """Raise DispersionError for elements outside the reference table; host-side."""
@@ -221,7 +238,7 @@ class D3BJ(torch.nn.Module):
         if they are not, every result is NaN (a guard stops the run) rather than wrong.
         """
         with torch.no_grad():
-            if self.kernel == "triton":
+            if self.kernel == "triton" and not self.three_body:  # two-body kernels only
                 return self._evaluate_fused(state, edges, compute_stress)
             return self._evaluate(state, edges, compute_stress)
 
@@ -279,16 +296,25 @@ class D3BJ(torch.nn.Module):
 
         # Each pair is in the list twice (both directions): half of its energy per edge.
         atom_energy = _segment_sums(-0.5 * HARTREE_EV * c6 * damped, bounds)
-        energy = torch.zeros(state.n_systems, dtype=atom_energy.dtype, device=device)
-        energy = energy.index_add(0, state.system, atom_energy)
         # dE/dCN of each atom: both edges of a pair depend on it alike, so twice its own half.
         cn_slope = _segment_sums(-HARTREE_EV * damped * c6_slope, bounds)
+        triples = None
+        if self.three_body:
+            edge = atm.EdgeTerms(vectors, counted, receiver, c6, c6_slope,
+                                 self.r0ab[z_sender, z_receiver])  # fmt: skip
+            triples = self._three_body(state, edges, bounds, edge, cn)
+            atom_energy = atom_energy + HARTREE_EV * triples.energy
+            cn_slope = cn_slope + HARTREE_EV * triples.cn_slope
+        energy = torch.zeros(state.n_systems, dtype=atom_energy.dtype, device=device)
+        energy = energy.index_add(0, state.system, atom_energy)
         # dE/dr of each pair, directly and through both atoms' coordination numbers (eV/bohr).
         cn_sum = cn_slope.index_select(0, sender) + cn_slope.index_select(0, receiver)
         pair_slope = -HARTREE_EV * c6 * damped_slope + cn_sum * count_slope
         unit = vectors / distance[:, None]
         # A pair pulls the sender along the edge by dE/dr (eV/bohr, so / BOHR_A for eV/Å).
         forces = _segment_sums(pair_slope[:, None] * unit, bounds) / BOHR_A
+        if triples is not None:
+            forces = forces + (HARTREE_EV / BOHR_A) * triples.forces
         nan = torch.full_like(energy, torch.nan)
         energy = torch.where(ordered, energy, nan)
         forces = torch.where(ordered, forces, torch.nan)
@@ -304,6 +330,10 @@ class D3BJ(torch.nn.Module):
             strain_derivative = torch.zeros(
                 state.n_systems, 9, dtype=energy.dtype, device=device
             ).index_add(0, state.system, per_atom)
+        if triples is not None:
+            strain_derivative = strain_derivative.view(-1, 9).index_add(
+                0, state.system, HARTREE_EV * triples.strain
+            )
         strain_derivative = strain_derivative.view(-1, 3, 3)
         strain_derivative = torch.where(ordered, strain_derivative, torch.nan)
         volume = _cell_volume(state.cell).view(-1, 1, 1)
@@ -311,6 +341,26 @@ class D3BJ(torch.nn.Module):
         return PotentialOutput(
             energy=energy, forces=forces, virial=-strain_derivative, stress=stress
         )
+
+    def _three_body(
+        self, state: State, edges: Edges, bounds: torch.Tensor, edge: atm.EdgeTerms,
+        cn: torch.Tensor,
+    ) -> atm.AtomTerms:  # fmt: skip
+        """The ATM term per atom (hartree, bohr) over each atom's run of edges. A run longer
+        than the slots sets ``edges.overflow`` (the engine regrows the list and the slots)."""
+        if self.slots is None:
+            raise DispersionError("the three-body term needs D3BJ.size_triples(edges) first")
+        numbers = state.atomic_numbers
+        sender = torch.where(edges.mask, edges.edge_index[0], 0)
+        table = atm.slot_table(bounds, sender, edges.mask, self.slots)
+        edges.overflow.copy_(edges.overflow | ~table.fits)
+        weights, _ = self._weights(numbers, cn)
+        (towards,) = self._towards(numbers, weights)
+        r0 = self.r0_towards[numbers]
+        pair = atm.PairC6(towards.reshape(-1, towards.shape[-1]), r0.reshape(-1), weights,
+                          self.slot, numbers)  # fmt: skip
+        cutoff2 = (self.cn_cutoff / BOHR_A) ** 2
+        return atm.three_body(table, edge, pair, cutoff2, self.parameters.alp + 2.0)
 
     def _c6(
         self, numbers: torch.Tensor, cn: torch.Tensor, sender: torch.Tensor, receiver: torch.Tensor
@@ -433,24 +483,38 @@ class DispersionTerm:
         self.kernel_choice = f"{d3.kernel} (as constructed)"
 
     @classmethod
-    def for_state(cls, state: State, functional: str, skin: float) -> DispersionTerm:
-        """The term for ``state``'s elements and ``functional``, its list planned and built,
-        and on CUDA its kernels chosen (:meth:`choose_kernel`)."""
+    def for_state(
+        cls, state: State, functional: str, skin: float, three_body: bool = False
+    ) -> DispersionTerm:
+        """The term for ``state``'s elements and ``functional``, its list planned and built
+        (and the three-body term's slots sized on it), and on CUDA its kernels chosen
+        (:meth:`choose_kernel`)."""
         d3 = D3BJ(
             D3BJParameters.for_functional(functional),
             state.atomic_numbers.tolist(),
+            three_body=three_body,
             device=state.device,
         )
         neighbours = NeighbourList(state, d3.cutoff, max(skin, DISPERSION_SKIN_A))
         term = cls(d3, neighbours, neighbours.build(state))
+        term.size_triples()
         term.choose_kernel(state)
         return term
+
+    def size_triples(self) -> None:
+        """Size the three-body term's per-atom slots on the current edges (host-side: when
+        the list is built or regrown, between blocks); nothing without the three-body term."""
+        if self.d3.three_body:
+            self.d3.size_triples(self.edges)
 
     def choose_kernel(self, state: State) -> str:
         """On CUDA, the fused Triton kernels if they give the torch version's energy, forces
         and stress on ``state`` (checked once, here, outside any capture); otherwise, and off
         CUDA, the torch version. Returns and keeps the choice with its reason."""
         self.d3.kernel = "torch"
+        if self.d3.three_body:  # the fused kernels have the two-body term only
+            self.kernel_choice = "torch (three-body term)"
+            return self.kernel_choice
         if state.device.type != "cuda":
             self.kernel_choice = "torch (not on CUDA)"
             return self.kernel_choice
@@ -474,12 +538,13 @@ class DispersionTerm:
         """What metadata.json and the report say of it."""
         p = self.d3.parameters
         return {
-            "method": "d3bj",
+            "method": "d3bj-atm" if self.d3.three_body else "d3bj",
             "functional": p.functional,
             "parameters": {"s6": p.s6, "a1": p.a1, "s8": p.s8, "a2": p.a2},
             "cutoff_A": self.d3.cutoff,
             "cn_cutoff_A": self.d3.cn_cutoff,
-            "three_body": False,
+            "three_body": self.d3.three_body,
+            "triple_slots": self.d3.slots,
             "skin_A": self.neighbours.skin,
             "search_factor": DISPERSION_SEARCH_FACTOR,
             "edge_capacity": self.neighbours.capacity,
@@ -500,8 +565,11 @@ def dispersion_functional(
         if explicit is not None:
             raise DispersionError("dispersion_functional needs dispersion='d3bj'")
         return None
-    if dispersion != "d3bj":
-        raise DispersionError(f"unknown dispersion {dispersion!r}; the one there is: 'd3bj'")
+    if dispersion not in METHODS:
+        raise DispersionError(
+            f"unknown dispersion {dispersion!r}; the ones there are: "
+            + ", ".join(repr(method) for method in METHODS)
+        )
     functional = explicit or d3_functional
     if functional is None:
         raise DispersionError(

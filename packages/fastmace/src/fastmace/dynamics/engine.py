@@ -449,6 +449,8 @@ class Engine:
             term.neighbours, term.edges = regrow(term.neighbours, state)
         elif term is not None:
             term.edges = term.neighbours.build(state)
+        if term is not None:  # the three-body term's slots follow the list's longest run
+            term.size_triples()
         if overflowed(field.edges) or not dispersion_full:
             field.neighbours, field.edges = regrow(
                 field.neighbours, state, max_edges_per_atom=self.max_edges_per_atom
