@@ -3,9 +3,9 @@ in one batch."""
 
 from __future__ import annotations
 
-import ase.build
 import numpy as np
 import pytest
+from conftest import copper
 
 import fastmace as fm
 from fastmace.batching import BatchError, MemoryBudget, saved_parts, split_into_batches
@@ -14,10 +14,9 @@ COMMON = {"model": "demo-emt-cu", "temperature_K": 300.0, "steps": 20, "seed": 5
           "thermo_every": 10, "trajectory_every": 10}  # fmt: skip
 
 
-def copper() -> ase.Atoms:
-    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
-    atoms.rattle(0.02, seed=1)
-    return atoms
+def cu32():
+    """32 rattled copper atoms (conftest.copper)."""
+    return copper((2, 2, 2))
 
 
 def test_systems_are_cut_into_consecutive_whole_groups():
@@ -29,9 +28,9 @@ def test_systems_are_cut_into_consecutive_whole_groups():
 
 
 def test_a_request_in_batches_gives_each_system_its_one_batch_trajectory(tmp_path):
-    together = fm.md(copper(), replicas=4, **COMMON)
+    together = fm.md(cu32(), replicas=4, **COMMON)
     apart = fm.md(
-        copper(), replicas=4, config=fm.EngineConfig(max_batch_atoms=64),
+        cu32(), replicas=4, config=fm.EngineConfig(max_batch_atoms=64),
         output=tmp_path / "run", **COMMON,
     )  # fmt: skip
     assert len(apart.structures) == 4
@@ -50,17 +49,17 @@ def test_a_request_in_batches_gives_each_system_its_one_batch_trajectory(tmp_pat
 
 def test_replica_exchange_refuses_to_be_split():
     with pytest.raises(BatchError, match="replica exchange needs all 4 replicas in one batch"):
-        fm.md(copper(), replicas=4, exchange_every=5, config=fm.EngineConfig(max_batch_atoms=64),
+        fm.md(cu32(), replicas=4, exchange_every=5, config=fm.EngineConfig(max_batch_atoms=64),
               **{**COMMON, "temperature_K": fm.geometric_ladder(300, 400, 4)})  # fmt: skip
 
 
 def test_a_batched_request_resumes_batch_by_batch(tmp_path):
     config = fm.EngineConfig(max_batch_atoms=64)
     common = {**COMMON, "restart_every": 10}
-    whole = fm.md(copper(), replicas=4, config=config, output=tmp_path / "whole", **common)
-    fm.md(copper(), replicas=4, config=config, output=tmp_path / "pieces",
+    whole = fm.md(cu32(), replicas=4, config=config, output=tmp_path / "whole", **common)
+    fm.md(cu32(), replicas=4, config=config, output=tmp_path / "pieces",
           **{**common, "steps": 10})  # fmt: skip
-    resumed = fm.md(copper(), replicas=4, config=config, output=tmp_path / "pieces",
+    resumed = fm.md(cu32(), replicas=4, config=config, output=tmp_path / "pieces",
                     resume=True, **common)  # fmt: skip
     for one, other in zip(whole.structures, resumed.structures, strict=True):
         np.testing.assert_array_equal(one.positions, other.positions)
@@ -77,14 +76,14 @@ def test_the_memory_budget_sizes_batches_from_two_evaluations_in_the_share_free(
 
 def test_a_resumed_request_keeps_the_batches_it_started_with(tmp_path):
     common = {**COMMON, "restart_every": 10}
-    whole = fm.md(copper(), replicas=4, config=fm.EngineConfig(max_batch_atoms=64),
+    whole = fm.md(cu32(), replicas=4, config=fm.EngineConfig(max_batch_atoms=64),
                   output=tmp_path / "whole", **common)  # fmt: skip
-    fm.md(copper(), replicas=4, config=fm.EngineConfig(max_batch_atoms=64),
+    fm.md(cu32(), replicas=4, config=fm.EngineConfig(max_batch_atoms=64),
           output=tmp_path / "pieces", **{**common, "steps": 10})  # fmt: skip
     assert saved_parts(tmp_path / "pieces", 4) == [range(0, 2), range(2, 4)]
     # Resumed without the limit (as an automatically sized run would be, with other memory
     # free): the recorded cut holds.
-    resumed = fm.md(copper(), replicas=4, output=tmp_path / "pieces", resume=True, **common)
+    resumed = fm.md(cu32(), replicas=4, output=tmp_path / "pieces", resume=True, **common)
     assert resumed.report.startswith("The request ran as 2 batches")
     for one, other in zip(whole.structures, resumed.structures, strict=True):
         np.testing.assert_array_equal(one.positions, other.positions)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import io
 
-import ase.build
 import numpy as np
 import pytest
 import torch
+from conftest import copper
 
 import fastmace as fm
 from fastmace.runner import RunnerConfig
@@ -29,10 +29,9 @@ COMMON = {"model": "demo-emt-cu", "temperature_K": 300.0, "seed": 5, "thermo_eve
           "trajectory_every": 10, "restart_every": 10}  # fmt: skip
 
 
-def copper() -> ase.Atoms:
-    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
-    atoms.rattle(0.02, seed=1)
-    return atoms
+def cu32():
+    """32 rattled copper atoms (conftest.copper)."""
+    return copper((2, 2, 2))
 
 
 def test_systems_are_cut_into_consecutive_parts_of_about_equal_atoms():
@@ -68,25 +67,25 @@ def test_a_part_keeps_its_systems_settings_and_streams():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without")
 def test_gpus_on_a_machine_without_cuda_says_so():
     with pytest.raises(SpreadError, match="sees none"):
-        fm.md(copper(), steps=2, gpus=2, **COMMON)
+        fm.md(cu32(), steps=2, gpus=2, **COMMON)
 
 
 def test_a_spread_exchange_needs_one_temperature_per_replica():
     with pytest.raises(SpreadError, match="one value per replica"):
-        run_spread({**COMMON, "exchange_every": 5}, [copper()] * 2,
+        run_spread({**COMMON, "exchange_every": 5}, [cu32()] * 2,
                    [DeviceSlot("a"), DeviceSlot("b")], RunnerConfig(), io.StringIO())  # fmt: skip
 
 
 def test_a_ladder_spread_over_two_processes_exchanges_as_in_one(tmp_path):
     ladder = fm.geometric_ladder(300.0, 900.0, 4)
     settings = {**COMMON, "temperature_K": ladder, "exchange_every": 5, "steps": 20}
-    together = fm.md(copper(), replicas=4, **settings)
+    together = fm.md(cu32(), replicas=4, **settings)
     slots = [DeviceSlot("CPU process 0"), DeviceSlot("CPU process 1")]
     arguments = {**settings, "device": "cpu", "output": str(tmp_path / "run")}
     # Stopped after 10 steps and resumed to 20: the ladder's state comes back on both.
-    run_spread({**arguments, "steps": 10}, [copper() for _ in range(4)], slots, RunnerConfig(),
+    run_spread({**arguments, "steps": 10}, [cu32() for _ in range(4)], slots, RunnerConfig(),
                io.StringIO())  # fmt: skip
-    spread = run_spread({**arguments, "resume": True}, [copper() for _ in range(4)], slots,
+    spread = run_spread({**arguments, "resume": True}, [cu32() for _ in range(4)], slots,
                         RunnerConfig(), io.StringIO())  # fmt: skip
     rungs = [[(row["step"], row["system"], row["rung"]) for row in result.thermo
               if row["step"] == 20] for result in (together, spread)]  # fmt: skip
@@ -98,11 +97,11 @@ def test_a_ladder_spread_over_two_processes_exchanges_as_in_one(tmp_path):
 
 
 def test_spread_systems_follow_their_one_batch_trajectories_and_resume(tmp_path):
-    together = fm.md(copper(), replicas=4, steps=20, **COMMON)
+    together = fm.md(cu32(), replicas=4, steps=20, **COMMON)
     slots = [DeviceSlot("CPU process 0"), DeviceSlot("CPU process 1")]
     arguments = {**COMMON, "device": "cpu", "output": str(tmp_path / "run")}
     progress = io.StringIO()
-    run_spread({**arguments, "steps": 10}, [copper() for _ in range(4)], slots, RunnerConfig(),
+    run_spread({**arguments, "steps": 10}, [cu32() for _ in range(4)], slots, RunnerConfig(),
                progress)  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
         "devices.json",
@@ -110,7 +109,7 @@ def test_spread_systems_follow_their_one_batch_trajectories_and_resume(tmp_path)
         "gpu-1",
     ]
     assert "[gpu-0] " in progress.getvalue() and "[gpu-1] " in progress.getvalue()
-    resumed = run_spread({**arguments, "steps": 20, "resume": True}, [copper() for _ in range(4)],
+    resumed = run_spread({**arguments, "steps": 20, "resume": True}, [cu32() for _ in range(4)],
                          slots, RunnerConfig(), io.StringIO())  # fmt: skip
     assert resumed.report.startswith("The request ran on 2 GPUs at once: systems 0 to 1 on CPU")
     assert [row["system"] for row in resumed.thermo if row["step"] == 20] == [0, 1, 2, 3]
@@ -125,8 +124,8 @@ def test_two_gpus_give_each_system_its_one_gpu_trajectory(tmp_path):
 
     ladder = fm.geometric_ladder(300.0, 900.0, 4)
     settings = {**COMMON, "temperature_K": ladder, "exchange_every": 5, "steps": 20}
-    alone = fm.md(copper(), replicas=4, device="cuda", **settings)
-    spread = fm.md(copper(), replicas=4, device="cuda", gpus=2, output=tmp_path / "run",
+    alone = fm.md(cu32(), replicas=4, device="cuda", **settings)
+    spread = fm.md(cu32(), replicas=4, device="cuda", gpus=2, output=tmp_path / "run",
                    progress=io.StringIO(), **settings)  # fmt: skip
     assert spread.report.startswith("The request ran on 2 GPUs at once")
     assert [row["rung"] for row in alone.thermo if row["step"] == 20] == [
