@@ -197,7 +197,8 @@ def md(
 
     ``gpus=N`` (or ``"all"``) spreads the systems over N GPUs of this machine, one child
     process per GPU running its share at once (``gpu-0/``, ... in the run directory; each
-    system as it would run on one GPU; :mod:`fastmace.spread`). Replica exchange stays on one.
+    system as it would run on one GPU; :mod:`fastmace.spread`); a replica-exchange ladder's
+    processes gather their walkers' energies at each block's end.
 
     ``dispersion="d3bj"`` adds D3(BJ) dispersion (two-body, mace-torch's
     ``mace_mp(dispersion=True)`` cutoffs) with the parameters of the functional the model's

@@ -52,7 +52,7 @@ def batch_settings(settings: RunSettings, part: range, n_systems: int) -> RunSet
     so that each system keeps its stream (system s of the request draws from seed + s)."""
     chosen = settings.ensemble
     sliced = {
-        name: (list(value)[part.start : part.stop] if _per_system(value, n_systems) else value)
+        name: (list(value)[part.start : part.stop] if is_per_system(value, n_systems) else value)
         for name, value in chosen.settings.items()
     }
     ensemble = dataclasses.replace(chosen, settings=sliced)
@@ -116,7 +116,8 @@ def batches_heading(parts: Sequence[range], sizing: str) -> str:
     )
 
 
-def _per_system(value: Any, n_systems: int) -> bool:
+def is_per_system(value: Any, n_systems: int) -> bool:
+    """A setting given as one value per system of the request (to be sliced with them)."""
     return isinstance(value, list | tuple) and len(value) == n_systems and n_systems > 1
 
 

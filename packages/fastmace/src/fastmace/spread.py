@@ -31,7 +31,7 @@ from typing import Any, TextIO
 
 import ase
 
-from fastmace.batching import merged_result
+from fastmace.batching import is_per_system, merged_result
 from fastmace.io.atomic import atomic_write_text
 from fastmace.runner import RunnerConfig, run_in_subprocess
 from fastmace.runs import MDResult
@@ -112,7 +112,7 @@ def part_arguments(
     chosen = dict(arguments)
     for name in (*ENSEMBLE_SETTINGS, "initial_temperature_K"):
         value = chosen.get(name)
-        if isinstance(value, list | tuple) and len(value) == n_systems and n_systems > 1:
+        if is_per_system(value, n_systems):
             chosen[name] = list(value)[part.start : part.stop]
     chosen.update(
         replicas=1, repeat=None, gpus=None, seed=int(chosen.get("seed", 0)) + part.start,

@@ -3,7 +3,7 @@
 When ``fm.md(..., gpus=N, exchange_every=M)`` spreads a ladder's walkers over N processes
 (:mod:`fastmace.spread`), each process runs its walkers and joins a ``torch.distributed``
 group with the others (NCCL between GPUs, gloo between CPU processes; a rendezvous file, so
-no port is opened). At each exchange every process contributes its walkers' energies to one
+no port to choose). At each exchange every process contributes its walkers' energies to one
 all-gather and gets the whole ladder's; the decisions that follow are the same on every
 process (the same numbers from generators seeded alike), so nothing else is sent.
 """
