@@ -92,6 +92,7 @@ import torch
 from ase import units
 from ase.md.langevin import Langevin
 from ase.md.velocitydistribution import Stationary
+from torch._dynamo.utils import counters as dynamo_counters
 
 from fastmace.dynamics.ensembles import ensemble
 from fastmace.io import OutputSchedule
@@ -623,6 +624,7 @@ class Bench:
             # Each case compiles afresh: Dynamo's recompile limit counts every earlier case's
             # shapes of mace's forward, and past it the model silently runs eagerly.
             torch._dynamo.reset()
+            dynamo_counters.clear()
         simulation = Simulation(
             loaded, [nacl(case.atoms)], settings, output=None, engine=engine,
             progress=io.StringIO(),
@@ -672,7 +674,11 @@ class Bench:
             "regrowths": simulation.engine.regrowths,
             "search_every": simulation.engine.force_field.search_every,
             "search_halvings": simulation.engine.search_halvings,
-            "compiled": compile_model,
+            "compiled": simulation.potential.compiled,
+            "compile_failure": simulation.potential.compile_failure,
+            # Dynamo graphs compiled in this case: one when a regrowth compiled nothing new.
+            "dynamo_graphs": dynamo_counters["stats"]["unique_graphs"] if compile_model else None,
+            "first_blocks_s": [round(t, 3) for _, t, _ in blocks[:8]],
             "dispersion_kernel": (
                 term.kernel_choice if (term := simulation.engine.force_field.dispersion) else None
             ),

@@ -19,6 +19,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 16  # batches that fit; replicas
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 17  # D3's fused kernels, checked again
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 18  # two GPUs (nvidia-h200-x2 only)
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 19  # compile, edges symbolic; D3 list
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 20  # compile's start-up; TF32 + compile
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -216,6 +218,31 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   timeout 380 python3 benchmarks/gpus_throughput.py --replicas 64,256 --steps 600 \
     --out "$OUT/gpus" > "$OUT/gpus.log" 2>&1
   echo "gpus: exit $? ($(cat "$OUT/gpus/gpus_throughput.md" 2>/dev/null | tail -4))"
+  ;;
+19)
+  # Issue 11: torch.compile with the number of edges symbolic (one compilation however often
+  # the list regrows) beside the uncompiled step at 216 and 13,824 atoms, forces checked
+  # against float64 e3nn; then D3 at 13,824 atoms with its long list searched once per two
+  # blocks (two captured graphs).
+  timeout 340 python3 benchmarks/md_speed.py --out "$OUT/speed-compile" --force-errors \
+    --budget-s 320 --case-timeout-s 160 > "$OUT/speed-compile.log" 2>&1 --only \
+    "mp0-medium/216/fastmace-cueq,mp0-medium/216/fastmace-cueq-compile,mp0-medium/13824/fastmace-cueq,mp0-medium/13824/fastmace-cueq-compile"
+  echo "compile: exit $? ($(grep -o '"dynamo_graphs": [0-9]*' "$OUT/speed-compile/md_speed.json" | tr '\n' ' '))"
+  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/speed-d3" --budget-s 180 \
+    --case-timeout-s 170 --only "mp0-medium/13824/fastmace-cueq-d3" > "$OUT/speed-d3.log" 2>&1
+  echo "D3 13824: exit $?"
+  ;;
+20)
+  # torch.compile's cost before the first step: fastmace md --compile at 13,824 atoms twice,
+  # with Inductor's cache cold and then warm; then TF32 + compile at 13,824 and 1,728 atoms.
+  FASTMACE_CACHE=/tmp/fastmace-cache-20 timeout 330 python3 benchmarks/startup_time.py \
+    --atoms 13824 --steps 400 --timeout-s 160 \
+    --out "$OUT/startup-13824-compile" --extra --compile > "$OUT/startup-13824-compile.log" 2>&1
+  echo "compile start-up 13824: exit $?"
+  timeout 250 python3 benchmarks/md_speed.py --out "$OUT/speed-tf32" --force-errors \
+    --budget-s 230 --case-timeout-s 120 > "$OUT/speed-tf32.log" 2>&1 --only \
+    "mp0-medium/13824/fastmace-cueq-tf32-compile,mp0-medium/1728/fastmace-cueq-compile"
+  echo "TF32 + compile: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -1,7 +1,9 @@
-"""torch.compile of the model (EngineConfig.compile): the same dynamics, caches in the cache root.
+"""torch.compile of the model (EngineConfig.compile): the same dynamics, caches in the cache root,
+one compilation across a regrown list, and a failed compilation the planner chose runs on
+uncompiled.
 
 Compilation is real (Inductor's C++ backend on the CPU, about two minutes cold on two cores),
-so this is one run that checks everything at once.
+so the first test is one run that checks everything at once.
 """
 
 from __future__ import annotations
@@ -10,15 +12,24 @@ import os
 
 import ase.build
 import numpy as np
+import pytest
+import torch._dynamo
 import torch._inductor.codecache
+from torch._dynamo.utils import counters
 
 from fastmace.dynamics.ensembles import ensemble
+from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.species_linear import SpeciesLinear
+from fastmace.dynamics.state import State
 from fastmace.io import OutputSchedule
 from fastmace.models.load import load
 from fastmace.planner import EngineSettings
 from fastmace.runtime import environment
 from fastmace.simulation import RunSettings, Simulation
+
+# Fewer list slots than the 16-atom cell's pairs: the first block regrows the list.
+SMALL_EDGE_CAPACITY = 200
 
 
 def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
@@ -44,13 +55,21 @@ def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
             ensemble=ensemble("nvt", temperature_K=300.0), steps=10, timestep_fs=2.0, seed=7,
             schedule=OutputSchedule(0, 0, 0), initial_temperature_K=300.0,
         )  # fmt: skip
-        engine = EngineSettings(block_steps=5, compile=compile)  # how fm.md's plan says it
+        engine = EngineSettings(  # how fm.md's plan says it
+            block_steps=5, compile=compile, edge_capacity=SMALL_EDGE_CAPACITY
+        )
         simulation = Simulation(model, [atoms], settings, engine=engine)
         simulation.result = simulation.run()
         return simulation
 
-    eager, compiled = run(False), run(True)
+    eager = run(False)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = run(True)
     assert compiled.potential.compiled and not eager.potential.compiled
+    # The list grew, yet the model was compiled once: its number of edges is symbolic.
+    assert compiled.engine.regrowths >= 1
+    assert counters["stats"]["unique_graphs"] == 1
     np.testing.assert_allclose(
         compiled.result.structures[0].positions, eager.result.structures[0].positions, atol=1e-10
     )
@@ -66,3 +85,28 @@ def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
     )
     # No precompiled header: nothing was locked in Inductor's shared default directory.
     assert headers == []
+
+
+def test_failed_compilation_the_planner_chose_runs_uncompiled(tmp_path, monkeypatch):
+    """A compute node without a C++ compiler: Inductor's CPU backend fails for real."""
+    monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
+    for name in (environment.TORCHINDUCTOR_CACHE_DIR.name, environment.TRITON_CACHE_DIR.name,
+                 *environment.COMPILE_CACHE_FLAGS):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", (str(tmp_path / "no-such-c++"),))
+    torch._dynamo.reset()
+    model = load("demo-emt-cu")
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True)
+    atoms.rattle(0.02, seed=4)
+    state = State.from_atoms(atoms)
+    uncompiled = Potential.from_loaded(model, state.atomic_numbers)
+    neighbours = NeighbourList(state, uncompiled.r_max, 0.5)
+    edges = neighbours.cutoff_edges(state, neighbours.build(state))
+    eager = uncompiled(state, edges)
+    chosen = Potential.from_loaded(model, state.atomic_numbers, compile=True, compile_fallback=True)
+    with pytest.warns(RuntimeWarning, match="could not compile this model.*runs uncompiled"):
+        output = chosen(state, edges)
+    assert not chosen.compiled and "no-such-c++" in (chosen.compile_failure or "")
+    np.testing.assert_allclose(output.forces.numpy(), eager.forces.numpy(), atol=1e-12)
+    # Once given up, compilation is not tried again.
+    np.testing.assert_allclose(chosen(state, edges).energy.numpy(), eager.energy.numpy())

@@ -119,7 +119,7 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
             "backend": ("e3nn", "e3nn 350 ms vs cuEq 729 ms", "measured"),
             "dtype": ("float64", "model's own dtype on the CPU", "rule"),
             "graphs": (False, "CUDA graphs need CUDA", "rule"),
-            "compile": (False, "captured cuEq step 1.3-1.6x faster", "measured"),
+            "compile": (False, "measured only for float32 cuEq on CUDA", "rule"),
             "block_steps": (50, "50 up to 10,000 atoms", "rule"),
             "skin_A": (0.5, "default Verlet skin", "rule"),
             "edge_capacity": (None, "first build", "rule"),
@@ -196,7 +196,27 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
             "graphs": (True, "one graph launch per block", "rule"),
             "expandable_segments": (True, "torch is 2.14.0+cu130", "rule"),
             "fp64_emulation": (False, "nothing to emulate in a float32 plan", "rule"),
+            "compile": (False, "would save about 1 s against about 35 s", "measured"),
         },
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "long-large-run-compiles",
+        {"atoms_per_system": (13_824,), "steps": 20_000},
+        EngineConfig(),
+        EVERYTHING,
+        {"compile": (True, "20,000 steps of 13,824 atoms would save about 141 s", "measured")},
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        # Uncompiled first: the slower backends were not measured compiled.
+        [("compile", False), ("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "long-small-run-stays-uncompiled",
+        {"atoms_per_system": (216,), "steps": 100_000},
+        EngineConfig(),
+        EVERYTHING,
+        {"compile": (False, "save about 80 s", "measured")},
         {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
         [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
@@ -595,7 +615,7 @@ def test_engine_settings_carry_every_engine_decision() -> None:
     plan = make_plan(workload(), None, EVERYTHING)
     assert plan.engine_settings() == EngineSettings(
         device="cuda", backend="cueq", dtype="float32", block_steps=50, skin_A=0.5,
-        edge_capacity=None, headroom=1.25, graphs=True, compile=False,
+        edge_capacity=None, headroom=1.25, graphs=True, compile=False, compile_fallback=True,
         matmul_precision="float32",
     )  # fmt: skip
     forced = EngineConfig(
@@ -605,6 +625,8 @@ def test_engine_settings_carry_every_engine_decision() -> None:
     settings = make_plan(workload(), forced, EVERYTHING).engine_settings()
     # Every engine setting an EngineConfig can force comes out, under the same name.
     assert {name: getattr(settings, name) for name in forced.forced()} == forced.forced()
+    # What the user forced fails loudly; only the planner's own choice falls back.
+    assert not settings.compile_fallback
 
 
 def test_unknown_decision_names_what_the_plan_decides() -> None:

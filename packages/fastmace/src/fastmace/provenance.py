@@ -262,6 +262,7 @@ def engine_record(simulation: Simulation) -> dict[str, Any]:
         "block_steps": simulation.block_steps,
         "capture": engine.capture,
         "compile": simulation.potential.compiled,
+        "compile_failure": simulation.potential.compile_failure,
         "skin_A": neighbours.skin,
         "headroom": neighbours.headroom,
         "edge_capacity": neighbours.capacity,
@@ -382,6 +383,10 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
     graphs = "CUDA graphs" if engine.capture else "no CUDA graphs"
     if engine.capture_failure:
         graphs += f" (capture failed: {engine.capture_failure})"
+    if simulation.potential.compiled:
+        graphs += ", model compiled"
+    elif simulation.potential.compile_failure:
+        graphs += f", model uncompiled (compilation failed: {simulation.potential.compile_failure})"
     gate = (
         simulation.gate.summary() if simulation.gate is not None else "not run (fm.md check='gate')"
     )

@@ -135,6 +135,7 @@ class Simulation:
                 model,
                 state.atomic_numbers,
                 compile=self.engine_settings.compile,
+                compile_fallback=self.engine_settings.compile_fallback,
                 matmul_precision=self.engine_settings.matmul_precision,
             )
             neighbours, edges = self._neighbour_list(state, restart)

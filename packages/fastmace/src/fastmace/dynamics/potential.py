@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
 ENERGY_DTYPE = torch.float64  # energies are summed and forces returned in float64
 SUPPORTED_MODEL_TYPES = ("MACE", "ScaleShiftMACE")
 _MAX_ATOMIC_NUMBER = 118
+# The model inputs whose size is the number of edges, and the dimension that holds it.
+EDGE_DIMENSIONS = (("edge_index", 1), ("shifts", 0), ("unit_shifts", 0))
 
 
 class UnsupportedSpeciesError(ValueError):
@@ -104,9 +107,13 @@ class Potential(torch.nn.Module):
             potential runs a copy of the model specialised to them (dynamics/species_linear.py),
             which gives NaN for atoms of other elements; ``model`` itself is not changed.
         head: the head's name; may be left out for a model with one head.
-        compile: run the model's forward through ``torch.compile`` (Inductor; fixed shapes, so
-            one compilation per list capacity). Compilation happens at the first call, and
-            its caches live in the cache root (docs/environment.md).
+        compile: run the model's forward through ``torch.compile`` (Inductor). The number of
+            edges is a symbolic size, so a regrown neighbour list is not compiled again.
+            Compilation happens at the first call, and its caches live in the cache root
+            (docs/environment.md).
+        compile_fallback: when compilation fails, warn, record why in ``compile_failure`` and
+            run the model uncompiled from then on, instead of raising
+            :class:`ModelCompileError` (for compilation the planner chose, not the user).
         matmul_precision: "float32" (default): the model's GEMMs run in float32, and results
             are within float32 rounding of the float64 reference; "tf32": on CUDA, its GEMMs
             (the radial MLPs and linear layers) run on TF32 tensor cores, faster and with
@@ -121,6 +128,7 @@ class Potential(torch.nn.Module):
         head: str | None = None,
         *,
         compile: bool = False,
+        compile_fallback: bool = False,
         matmul_precision: str = DEFAULT_MATMUL_PRECISION,
     ) -> None:
         super().__init__()
@@ -142,6 +150,8 @@ class Potential(torch.nn.Module):
         # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
         self.pair_model = pair_shared_model(self.model)
         self.compiled = bool(compile)
+        self.compile_fallback = bool(compile_fallback)
+        self.compile_failure: str | None = None  # why compilation was given up, if it was
         # Plain functions, not submodules, made at the first call of each kind (mirrored
         # edges or not): the weights are registered once, under ``model``.
         self._compiled_calls: dict[bool, Callable[..., dict[str, torch.Tensor]]] = {}
@@ -160,6 +170,7 @@ class Potential(torch.nn.Module):
         species: Iterable[int] | torch.Tensor,
         *,
         compile: bool = False,
+        compile_fallback: bool = False,
         matmul_precision: str = DEFAULT_MATMUL_PRECISION,
     ) -> Potential:
         """The potential of an ``fm.load`` result: its converted module and its head."""
@@ -168,6 +179,7 @@ class Potential(torch.nn.Module):
             species,
             head=loaded.head,
             compile=compile,
+            compile_fallback=compile_fallback,
             matmul_precision=matmul_precision,
         )
 
@@ -201,8 +213,28 @@ class Potential(torch.nn.Module):
         No host synchronisation and fixed shapes; not to be called under
         ``torch.inference_mode`` (forces need autograd), any other grad mode is fine.
         """
-        settings = _compile_settings() if self.compiled else contextlib.nullcontext()
-        with torch.enable_grad(), settings:
+        if not self.compiled:
+            return self._evaluate(state, edges, compute_stress)
+        try:
+            with _compile_settings():
+                return self._evaluate(state, edges, compute_stress)
+        except ModelCompileError as error:
+            if not self.compile_fallback:
+                raise
+            # Compilation happens in an eager block (the first, or the one after a regrowth),
+            # never inside a capture, so the same call can simply be made again uncompiled.
+            self.compiled = False
+            self.compile_failure = str(error)[:500]
+            warnings.warn(
+                f"{error}; the model runs uncompiled for the rest of this run",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return self._evaluate(state, edges, compute_stress)
+
+    def _evaluate(self, state: State, edges: Edges, compute_stress: bool) -> PotentialOutput:
+        """forward's work, through the compiled model when ``compiled``."""
+        with torch.enable_grad(), _compile_errors_named(self.compiled):
             graph = self._graph(state, edges, compute_stress)
             with (
                 default_dtype(self.node_attr_table.dtype),
@@ -345,7 +377,6 @@ def _compiled(
     """
     from mace.tools.compile import disable_e3nn_codegen, simplify
     from mace.tools.scripts_utils import extract_model
-    from torch._dynamo.exc import TorchDynamoException
 
     from fastmace.runtime import cache, environment
 
@@ -372,22 +403,35 @@ def _compiled(
     # Weights are constants of the compiled graph: AOTAutograd's backward then computes only
     # the gradients the forces need.
     traceable.requires_grad_(False)
-    # Fixed shapes per list capacity: dynamic=False compiles exactly those; a regrown list
-    # compiles once more.
-    compiled = torch.compile(traceable, dynamic=False)
+    compiled = torch.compile(traceable)
 
-    def call(*args: object, **kwargs: object) -> dict[str, torch.Tensor]:
-        try:
-            return compiled(*args, **kwargs)
-        except TorchDynamoException as error:
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise ModelCompileError(
-                f"torch.compile could not compile this model ({type(error).__name__}: "
-                f"{first_line}); run without EngineConfig(compile=True): the planner leaves "
-                "compile off by default for this reason (docs/validation/performance.md)"
-            ) from error
+    def call(data: dict[str, torch.Tensor], **kwargs: object) -> dict[str, torch.Tensor]:
+        # A regrown list changes only the number of edges: compiled with that size symbolic,
+        # the model is compiled once per run, not once per capacity (a minute each on a GPU).
+        for key, dimension in EDGE_DIMENSIONS:
+            torch._dynamo.maybe_mark_dynamic(data[key], dimension)
+        return compiled(data, **kwargs)
 
     return call
+
+
+@contextlib.contextmanager
+def _compile_errors_named(active: bool) -> Iterator[None]:
+    """Dynamo's and Inductor's errors, from the forward pass or the backward pass (compiled at
+    its first call), as a :class:`ModelCompileError` that says what to do instead."""
+    if not active:
+        yield
+        return
+    from torch._dynamo.exc import TorchDynamoException
+
+    try:
+        yield
+    except TorchDynamoException as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ModelCompileError(
+            f"torch.compile could not compile this model ({type(error).__name__}: "
+            f"{first_line}); run without EngineConfig(compile=True)"
+        ) from error
 
 
 def _compile_settings() -> contextlib.AbstractContextManager[None]:

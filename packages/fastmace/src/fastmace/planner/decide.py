@@ -53,11 +53,15 @@ CUEQ_KERNEL_CHOICE_REASON = (
     "and 13,824 atoms (H200, MP-0 medium; docs/planner.md)"
 )
 CUEQ_BACKENDS = ("cueq", "hybrid")  # the backends whose model runs cuEquivariance's kernels
-COMPILE_REASON = (
-    "measured: off by default; on the H200 it makes the captured cuEq step 1.3-1.6x faster "
-    "(216 to 13,824 atoms) but compiles for 1-2 minutes at the start and again after each "
-    "neighbour-list regrowth; EngineConfig(compile=True) for long runs"
-)
+# torch.compile on the captured cuEq step, measured on the H200 (MP-0 medium, float32,
+# docs/validation/performance.md): it saves about 0.7 ms + 0.46 µs per atom per step (0.75 ms
+# at 216 atoms, 1.5 at 1,728, 7.1 at 13,824) and compiles for about COMPILE_COST_S before the
+# first step. The plan compiles where the run's saving is COMPILE_PAYBACK times that cost.
+COMPILE_SAVING_MS = 0.7
+COMPILE_SAVING_MS_PER_ATOM = 0.46e-3
+COMPILE_COST_S = 35.0
+COMPILE_PAYBACK = 3.0
+COMPILE_MEASURED = "H200, MP-0 medium, cuEq: about 0.7 ms + 0.46 µs per atom saved per step"
 CPU_BACKEND_REASON = (
     "measured: on the CPU e3nn beats cuEquivariance's CPU fallback (benchmark dry run, mp0-small "
     "on 64 atoms: e3nn 350 ms vs cuEq 729 ms per step); OEq and hybrid need CUDA"
@@ -82,13 +86,14 @@ def make_plan(
     emulation = _fp64_emulation(config, device.value, dtype.value)
     segments = _expandable_segments(config, availability, device.value)
     kernel_choice = _cueq_kernel_choice(workload, availability, device.value, backend.value)
+    compiled = _compile(workload, config, device.value, backend.value, dtype.value)
     decisions = (
         device,
         backend,
         dtype,
         matmul,
         graphs,
-        _compile(config),
+        compiled,
         _block_steps(workload, config),
         _skin(config),
         _edge_capacity(config),
@@ -108,7 +113,9 @@ def make_plan(
         workload.reproducible,
         kernel_choice.value,
     )
-    fallbacks = _fallbacks(config, availability, device.value, backend.value, graphs.value)
+    fallbacks = _fallbacks(
+        config, availability, device.value, backend.value, graphs.value, compiled.value
+    )
     return Plan(workload, config, availability, decisions, settings, fallbacks)
 
 
@@ -224,10 +231,36 @@ def _graphs(config: EngineConfig, device: str) -> Decision:
     return Decision("graphs", False, "rule: CUDA graphs need CUDA")
 
 
-def _compile(config: EngineConfig) -> Decision:
+def compile_saving_s(n_atoms: int, steps: int) -> float:
+    """The seconds torch.compile is predicted to save over ``steps`` steps of ``n_atoms``."""
+    per_step_ms = COMPILE_SAVING_MS + COMPILE_SAVING_MS_PER_ATOM * n_atoms
+    return per_step_ms * steps / 1000.0
+
+
+def _compile(
+    workload: Workload, config: EngineConfig, device: str, backend: str, dtype: str
+) -> Decision:
     if config.compile is not None:
         return Decision("compile", config.compile, _forced("compile", config.compile), FORCED)
-    return Decision("compile", False, COMPILE_REASON, MEASURED)
+    if device != "cuda" or backend != "cueq" or dtype != "float32":
+        return Decision(
+            "compile",
+            False,
+            f"rule: measured only for float32 cuEq on CUDA ({COMPILE_MEASURED}); this plan runs "
+            f"{dtype} {backend} on the {device}; EngineConfig(compile=True) forces it",
+        )
+    if workload.reproducible:
+        return Decision("compile", False, "rule: the reproducible plan runs the model uncompiled")
+    saving = compile_saving_s(workload.n_atoms, workload.steps)
+    needed = COMPILE_PAYBACK * COMPILE_COST_S
+    pays = saving >= needed
+    reason = (
+        f"measured: {workload.steps:,} steps of {workload.n_atoms:,} atoms would save about "
+        f"{saving:.0f} s against about {COMPILE_COST_S:.0f} s of compilation ({COMPILE_MEASURED}); "
+        f"{'on' if pays else 'off'}: on where the saving is {COMPILE_PAYBACK:g}x the cost "
+        f"({needed:.0f} s)"
+    )
+    return Decision("compile", pays, reason, MEASURED)
 
 
 def _block_steps(workload: Workload, config: EngineConfig) -> Decision:
@@ -456,13 +489,23 @@ def _environment(
 
 
 def _fallbacks(
-    config: EngineConfig, found: Availabilities, device: str, backend: str, graphs: bool
+    config: EngineConfig,
+    found: Availabilities,
+    device: str,
+    backend: str,
+    graphs: bool,
+    compiled: bool,
 ) -> tuple[Fallback, ...]:
-    """The ordered alternatives: slower backends (cueq -> hybrid -> e3nn), then no graphs.
+    """The ordered alternatives: the model uncompiled (where the plan chose to compile), slower
+    backends (cueq -> hybrid -> e3nn), then no graphs. Each applies on top of those before, so
+    a slower backend, where compilation was not measured, runs uncompiled.
 
     A forced setting gets none: the user's choice is never swapped behind their back.
     """
     fallbacks: list[Fallback] = []
+    if config.compile is None and compiled:
+        reason = "fallback: the compiled run failed, the same model runs uncompiled"
+        fallbacks.append(Fallback("compile", False, reason))
     if config.backend is None and device == "cuda" and backend in CUDA_BACKEND_ORDER:
         failed = backend
         for name in CUDA_BACKEND_ORDER[CUDA_BACKEND_ORDER.index(backend) + 1 :]:

@@ -103,6 +103,9 @@ class EngineSettings:
     """CUDA graphs, one per block (None: on where the state is on a CUDA device)."""
     compile: bool = False
     """Run the model through torch.compile."""
+    compile_fallback: bool = False
+    """If compilation fails, run the model uncompiled (and say so) instead of stopping: for
+    compilation the planner chose, not the user."""
     matmul_precision: str = DEFAULT_MATMUL_PRECISION
     """How the model's matrix products run: "float32" or "tf32" (tensor cores, CUDA)."""
     guard: GuardConfig = field(default_factory=GuardConfig)
@@ -245,6 +248,7 @@ class Plan:
             headroom=self.headroom,
             graphs=self.graphs,
             compile=self.compile,
+            compile_fallback=self.decision("compile").source != FORCED,
             matmul_precision=self.matmul_precision,
             guard=self.guard,
         )
