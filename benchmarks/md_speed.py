@@ -629,23 +629,32 @@ class Bench:
             loaded, [nacl(case.atoms)], settings, output=None, engine=engine,
             progress=io.StringIO(),
         )  # fmt: skip
-        blocks: list[tuple[int, float, bool]] = []  # steps, seconds, redone after overflow
+        # steps, seconds, and what the block did: "redone" (an overflow or a stale list),
+        # "launch" (eager or captured: with D3 a second block pattern is captured later on)
+        # or "steady"
+        blocks: list[tuple[int, float, str]] = []
         run_block = simulation.engine.run_block
 
         def timed_block(steps: int | None = None) -> Any:
             tick = time.perf_counter()
             report = run_block(steps)  # ends with the engine's one host synchronisation
-            redone = report.rebuilt_capacity or report.searched_more_often
-            blocks.append((steps or block, time.perf_counter() - tick, redone))
+            kind = "steady"
+            if report.rebuilt_capacity or report.searched_more_often:
+                kind = "redone"
+            elif capture and simulation.engine.last_launch != "replay":
+                kind = "launch"
+            blocks.append((steps or block, time.perf_counter() - tick, kind))
             return report
 
         errors = self.force_error(case.model, simulation) if self.args.force_errors else {}
         simulation.engine.run_block = timed_block  # type: ignore[method-assign]
         result = simulation.run()
         excluded = set(range(untimed))
-        for index, (_, _, redone) in enumerate(blocks):
-            if redone:  # an overflow or a stale list: redone, recaptured
+        for index, (_, _, kind) in enumerate(blocks):
+            if kind == "redone":  # an overflow or a stale list: redone, recaptured
                 excluded.update((index, index + 1))
+            elif kind == "launch":
+                excluded.add(index)
         steady = [b for i, b in enumerate(blocks) if i not in excluded]
         if not steady:
             raise RuntimeError("no steady block left to time (neighbour-list regrowths)")

@@ -73,7 +73,12 @@ def family(name: str) -> str:
 
 
 def simulation_for(
-    model: str, atoms: int, backend: str, block: int, dispersion: bool = False
+    model: str,
+    atoms: int,
+    backend: str,
+    block: int,
+    dispersion: bool = False,
+    compile_model: bool = False,
 ) -> Simulation:
     loaded = load(
         f"template:{model}", head=HEADS.get(model), backend=backend,
@@ -90,7 +95,9 @@ def simulation_for(
         dispersion="d3bj" if dispersion else None,
         dispersion_functional="pbe" if dispersion else None,
     )
-    engine = EngineSettings(device="cuda", backend=backend, dtype="float32", block_steps=block)
+    engine = EngineSettings(
+        device="cuda", backend=backend, dtype="float32", block_steps=block, compile=compile_model
+    )
     return Simulation(
         loaded, [nacl(atoms)], settings, output=None, engine=engine, progress=io.StringIO()
     )
@@ -308,6 +315,7 @@ def main() -> None:
     parser.add_argument("--tf32", action="store_true", help="also time the potential in TF32")
     parser.add_argument("--compile-probe", action="store_true", help="try torch.compile")
     parser.add_argument("--dispersion", action="store_true", help="add D3(BJ) (PBE)")
+    parser.add_argument("--compile", action="store_true", help="the model through torch.compile")
     parser.add_argument("--out", default="benchmarks/results/profile")
     args = parser.parse_args()
     out = Path(args.out)
@@ -316,13 +324,13 @@ def main() -> None:
     text = [f"# FastMACE step profile ({torch.cuda.get_device_name()}, torch {torch.__version__})"]
     for atoms in (int(a) for a in args.atoms.split(",")):
         simulation = simulation_for(
-            args.model, atoms, args.backend, args.block_steps, args.dispersion
+            args.model, atoms, args.backend, args.block_steps, args.dispersion, args.compile
         )
         simulation.engine.run_block()  # eager warm-up
         simulation.engine.run_block()  # capture
         record: dict[str, Any] = {
             "model": args.model, "atoms": atoms, "backend": args.backend,
-            "dispersion": "d3bj" if args.dispersion else None,
+            "dispersion": "d3bj" if args.dispersion else None, "compiled": args.compile,
         }  # fmt: skip
         record["ms_per_step"] = replay_ms(simulation, args.timed_blocks)
         print(f"{atoms} atoms: {record['ms_per_step']:.3f} ms/step", flush=True)

@@ -21,6 +21,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 18  # two GPUs (nvidia-h200-x2 only)
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 19  # compile, edges symbolic; D3 list
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 20  # compile's start-up; TF32 + compile
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 21  # compile: start-up, profile; D3
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -237,12 +238,28 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   # with Inductor's cache cold and then warm; then TF32 + compile at 13,824 and 1,728 atoms.
   FASTMACE_CACHE=/tmp/fastmace-cache-20 timeout 330 python3 benchmarks/startup_time.py \
     --atoms 13824 --steps 400 --timeout-s 160 \
-    --out "$OUT/startup-13824-compile" --extra --compile > "$OUT/startup-13824-compile.log" 2>&1
+    --out "$OUT/startup-13824-compile" --extra=--compile > "$OUT/startup-13824-compile.log" 2>&1
   echo "compile start-up 13824: exit $?"
   timeout 250 python3 benchmarks/md_speed.py --out "$OUT/speed-tf32" --force-errors \
     --budget-s 230 --case-timeout-s 120 > "$OUT/speed-tf32.log" 2>&1 --only \
     "mp0-medium/13824/fastmace-cueq-tf32-compile,mp0-medium/1728/fastmace-cueq-compile"
   echo "TF32 + compile: exit $?"
+  ;;
+21)
+  # Issue 11, the next call: compile's start-up at 13,824 atoms (Inductor's cache cold, then
+  # warm), D3's cost there timed on graph replays only (its two block patterns are captured
+  # one after the other), and the compiled step's kernel profile.
+  FASTMACE_CACHE=/tmp/fastmace-cache-21 timeout 240 python3 benchmarks/startup_time.py \
+    --atoms 13824 --steps 400 --timeout-s 110 \
+    --out "$OUT/startup-13824-compile" --extra=--compile > "$OUT/startup-13824-compile.log" 2>&1
+  echo "compile start-up 13824: exit $?"
+  timeout 170 python3 benchmarks/md_speed.py --out "$OUT/speed-d3" --budget-s 150 \
+    --case-timeout-s 100 > "$OUT/speed-d3.log" 2>&1 --only \
+    "mp0-medium/13824/fastmace-cueq,mp0-medium/13824/fastmace-cueq-d3"
+  echo "D3 13824: exit $?"
+  timeout 160 python3 benchmarks/profile_step.py --compile --atoms 13824 --no-operators \
+    --timed-blocks 2 --out "$OUT/profile-compile" > "$OUT/profile-compile.log" 2>&1
+  echo "compiled profile 13824: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
