@@ -1,5 +1,5 @@
 """torch.compile of the model (EngineConfig.compile): the same dynamics, caches in the cache root,
-one compilation across a regrown list, and a failed compilation the planner chose runs on
+one compilation for every list capacity, and a failed compilation the planner chose runs on
 uncompiled.
 
 Compilation is real (Inductor's C++ backend on the CPU, about two minutes cold on two cores),
@@ -28,9 +28,6 @@ from fastmace.planner import EngineSettings
 from fastmace.runtime import environment
 from fastmace.simulation import RunSettings, Simulation
 
-# Fewer list slots than the 16-atom cell's pairs: the first block regrows the list.
-SMALL_EDGE_CAPACITY = 200
-
 
 def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
@@ -55,9 +52,7 @@ def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
             ensemble=ensemble("nvt", temperature_K=300.0), steps=10, timestep_fs=2.0, seed=7,
             schedule=OutputSchedule(0, 0, 0), initial_temperature_K=300.0,
         )  # fmt: skip
-        engine = EngineSettings(  # how fm.md's plan says it
-            block_steps=5, compile=compile, edge_capacity=SMALL_EDGE_CAPACITY
-        )
+        engine = EngineSettings(block_steps=5, compile=compile)  # how fm.md's plan says it
         simulation = Simulation(model, [atoms], settings, engine=engine)
         simulation.result = simulation.run()
         return simulation
@@ -67,8 +62,20 @@ def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
     counters.clear()
     compiled = run(True)
     assert compiled.potential.compiled and not eager.potential.compiled
-    # The list grew, yet the model was compiled once: its number of edges is symbolic.
-    assert compiled.engine.regrowths >= 1
+    assert counters["stats"]["unique_graphs"] == 1
+    # Edges of another capacity, as after a regrowth, run on the same compiled graph: the
+    # number of edges is a symbolic size.
+    state, potential = compiled.engine.md.state, compiled.potential
+    larger = NeighbourList(
+        state, potential.r_max, 0.5, cutoff_capacity=2 * compiled.neighbours.cutoff_capacity
+    )
+    edges = larger.cutoff_edges(state, larger.build(state))
+    assert edges.capacity == 2 * compiled.neighbours.cutoff_capacity
+    np.testing.assert_allclose(
+        potential(state, edges).forces.numpy(),
+        eager.potential(state, edges).forces.numpy(),
+        atol=1e-10,
+    )
     assert counters["stats"]["unique_graphs"] == 1
     np.testing.assert_allclose(
         compiled.result.structures[0].positions, eager.result.structures[0].positions, atol=1e-10
@@ -93,7 +100,6 @@ def test_failed_compilation_the_planner_chose_runs_uncompiled(tmp_path, monkeypa
     for name in (environment.TORCHINDUCTOR_CACHE_DIR.name, environment.TRITON_CACHE_DIR.name,
                  *environment.COMPILE_CACHE_FLAGS):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", (str(tmp_path / "no-such-c++"),))
     torch._dynamo.reset()
     model = load("demo-emt-cu")
     atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True)
@@ -104,7 +110,11 @@ def test_failed_compilation_the_planner_chose_runs_uncompiled(tmp_path, monkeypa
     edges = neighbours.cutoff_edges(state, neighbours.build(state))
     eager = uncompiled(state, edges)
     chosen = Potential.from_loaded(model, state.atomic_numbers, compile=True, compile_fallback=True)
-    with pytest.warns(RuntimeWarning, match="could not compile this model.*runs uncompiled"):
+    missing_compiler = {"cpp.cxx": (str(tmp_path / "no-such-c++"),)}
+    with (
+        torch._inductor.config.patch(missing_compiler),
+        pytest.warns(RuntimeWarning, match="could not compile this model.*runs uncompiled"),
+    ):
         output = chosen(state, edges)
     assert not chosen.compiled and "no-such-c++" in (chosen.compile_failure or "")
     np.testing.assert_allclose(output.forces.numpy(), eager.forces.numpy(), atol=1e-12)
