@@ -22,7 +22,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 19  # compile, edges symbolic; D3 list
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 20  # compile's start-up; TF32 + compile
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 21  # compile: start-up, profile; D3
-#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 22  # stage 21 again, longer limits
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 22  # D3 timed longer; compiled profile
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -263,9 +263,9 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   echo "compiled profile 13824: exit $?"
   ;;
 22)
-  # Stage 21 with what it lacked: D3's two block patterns both timed (more blocks), the
+  # Stage 21 with what it lacked: D3's two block patterns both timed (more blocks), and the
   # compiled profile after the list's early regrowth (cuEquivariance's kernel choice fixed, as
-  # fastmace md's plan does), and a longer limit for the cold compile.
+  # fastmace md's plan does).
   timeout 190 python3 benchmarks/md_speed.py --out "$OUT/speed-d3" --budget-s 180 \
     --target-s 12 --case-timeout-s 90 > "$OUT/speed-d3.log" 2>&1 --only \
     "mp0-medium/13824/fastmace-cueq,mp0-medium/13824/fastmace-cueq-d3"
@@ -274,10 +274,6 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     --atoms 13824 --no-operators --timed-blocks 8 --out "$OUT/profile-compile" \
     > "$OUT/profile-compile.log" 2>&1
   echo "compiled profile 13824: exit $?"
-  FASTMACE_CACHE=/tmp/fastmace-cache-22 timeout 240 python3 benchmarks/startup_time.py \
-    --atoms 13824 --steps 60 --timeout-s 130 \
-    --out "$OUT/startup-13824-compile" --extra=--compile > "$OUT/startup-13824-compile.log" 2>&1
-  echo "compile start-up 13824: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
