@@ -305,6 +305,8 @@ def md(
         graphs=graphs, compile=compile, matmul_precision=matmul_precision, guard=guard,
         max_batch_atoms=max_batch_atoms,
     )  # fmt: skip
+    # A label or template of a long-range model is refused first: its file need not be fetched.
+    _refuse_long_range(model, _named_model_type(model))
     # Everything that can be checked before a model is loaded or a directory created.
     request = check_request(structure, arguments, runner.environment)
     if gpus is not None and not _in_child_process:
@@ -513,6 +515,7 @@ def relax(
     from fastmace.relaxation import Relaxation
     from fastmace.structures import read_structures
 
+    _refuse_long_range(model, _named_model_type(model))
     settings = FireSettings(fmax=fmax, cell=cell, pressure_GPa=pressure_GPa, max_step_A=max_step_A)
     if isinstance(steps, bool) or not (isinstance(steps, int) and steps >= 0):
         raise ValueError(f"steps must be a whole number >= 0, got {steps!r}")
