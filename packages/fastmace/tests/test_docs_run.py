@@ -35,6 +35,8 @@ STAND_INS = {
     "mh-1": DEMO,
     "mh-1:matpes_r2scan": DEMO,
     "mp0-medium": DEMO,
+    # MACE-POLAR-1: the polar template, which knows the examples' H, C and O.
+    "polar-1": "template:polar-tiny",
     # Structure files: the demo's copper.
     "NaCl.cif": "structure.cif",
     "KCl.cif": "structure.cif",

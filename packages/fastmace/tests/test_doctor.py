@@ -335,3 +335,15 @@ def test_bad_prebuilt_setting_is_a_failure_not_a_crash(doctor_env):
     line = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["OpenEquivariance"]
     assert line.startswith("[warn] FASTMACE_OEQ_PREBUILT='yes' is not allowed")
     assert "crashed" not in line
+
+
+def test_graph_longrange_must_be_the_version_mace_torch_can_call(monkeypatch):
+    from fastmace import doctor
+    from fastmace.vocabulary import GRAPH_LONGRANGE_VERSION
+
+    (check,) = [c for c in CHECKS if c.name == "graph-longrange"]
+    monkeypatch.setattr(doctor, "_version", lambda name: "0.4.4")
+    with pytest.raises(CheckFailed, match=f"graph-longrange=={GRAPH_LONGRANGE_VERSION}"):
+        check.run(None)
+    monkeypatch.setattr(doctor, "_version", lambda name: GRAPH_LONGRANGE_VERSION)
+    assert check.run(None) == f"graph-longrange {GRAPH_LONGRANGE_VERSION}"

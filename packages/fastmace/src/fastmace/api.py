@@ -110,10 +110,43 @@ def _load_planned(
     from fastmace.models.load import load
 
     engine = plan.engine_settings()
-    return load(
+    # Labels and templates say their class before loading (and converting): refuse early.
+    _refuse_long_range(model, _named_model_type(model))
+    loaded = load(
         model, download=False, backend=engine.backend, device=engine.device,
         dtype=engine.dtype, seed=seed, **trust,
     )  # fmt: skip
+    _refuse_long_range(model, loaded.description.model_type)
+    return loaded
+
+
+def _named_model_type(model: str | os.PathLike[str]) -> str | None:
+    """The mace-torch class of a label or template, from the table alone (None for a path)."""
+    from fastmace.models.label_table import find_checkpoint
+    from fastmace.models.templates import TEMPLATES
+
+    text = os.fspath(model)
+    if text.startswith("template:"):
+        shape = TEMPLATES.get(text.removeprefix("template:"))
+        return None if shape is None else shape.model_type
+    entry = find_checkpoint(text.partition(":")[0])
+    return None if entry is None else entry.model_type
+
+
+def _refuse_long_range(model: str | os.PathLike[str], model_type: str | None) -> None:
+    """Refuse a long-range model (MACE-POLAR-1) in the MD engine, saying what to use instead."""
+    from fastmace.dynamics.potential import UnsupportedModelError
+    from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
+
+    if model_type not in LONG_RANGE_MODEL_TYPES:
+        return
+    # The engine's step is captured with fixed shapes; PolarMACE's graph is not yet.
+    raise UnsupportedModelError(
+        f"{os.fspath(model)} is a {model_type} (MACE-POLAR-1's long-range model), which "
+        "fm.md, fm.relax and `fastmace md/run/relax` do not support yet: run it through ASE "
+        f"with fm.calculator instead, e.g. atoms.calc = fm.calculator({os.fspath(model)!r}) "
+        "with ASE's MD or optimisers (docs/models.md#mace-polar-1)"
+    )
 
 
 def md(
@@ -272,6 +305,8 @@ def md(
         graphs=graphs, compile=compile, matmul_precision=matmul_precision, guard=guard,
         max_batch_atoms=max_batch_atoms,
     )  # fmt: skip
+    # A label or template of a long-range model is refused first: its file need not be fetched.
+    _refuse_long_range(model, _named_model_type(model))
     # Everything that can be checked before a model is loaded or a directory created.
     request = check_request(structure, arguments, runner.environment)
     if gpus is not None and not _in_child_process:
@@ -480,6 +515,7 @@ def relax(
     from fastmace.relaxation import Relaxation
     from fastmace.structures import read_structures
 
+    _refuse_long_range(model, _named_model_type(model))
     settings = FireSettings(fmax=fmax, cell=cell, pressure_GPa=pressure_GPa, max_step_A=max_step_A)
     if isinstance(steps, bool) or not (isinstance(steps, int) and steps >= 0):
         raise ValueError(f"steps must be a whole number >= 0, got {steps!r}")

@@ -17,6 +17,12 @@ planned and built. Everything is read back to the host after each call, as ASE n
 With ``dispersion="d3bj"`` the calculator adds D3(BJ) as the MD engine does (its own, longer
 neighbour list, kept the same way): the force field of ``fm.md(dispersion="d3bj")``.
 
+Long-range models (MACE-POLAR-1's PolarMACE) run here, eagerly, and not in the MD engine. Their
+energy depends on each structure's total charge and spin multiplicity, read as mace-torch's
+calculator reads them: ``atoms.info["charge"]`` and ``atoms.info["spin"]`` (the multiplicity
+2S + 1), else the calculator's ``charge`` and ``spin``, else a neutral singlet. A change of
+either in ``atoms.info`` is a change of the system: the next call computes again.
+
 Import note: this module is ``fastmace.ase``, and ``import ase`` in it (absolute, as all
 imports are in Python 3) is the ASE package, not this module.
 """
@@ -38,6 +44,7 @@ from fastmace.dynamics.dispersion import D3BJ, D3BJParameters, model_dispersion_
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
+from fastmace.dynamics.polar import DEFAULT_CHARGE, DEFAULT_SPIN_MULTIPLICITY, is_long_range
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
 from fastmace.models.load import LoadedModel, load
@@ -71,6 +78,10 @@ class FastMACECalculator(Calculator):
             term), with the parameters of the functional
             the model's head was trained on, or of ``dispersion_functional``, as ``fm.md``
             does (docs/md.md).
+        charge: total charge in e of structures without ``atoms.info["charge"]`` (long-range
+            models only; default 0).
+        spin: spin multiplicity 2S + 1 of structures without ``atoms.info["spin"]``
+            (long-range models only; default 1, a singlet; 2 is a doublet), as mace-torch.
         **load_options: further arguments of ``fm.load`` (``checkpoint``, ``download``,
             ``sha256``, ``trusted``, ``seed``, ``progress``).
 
@@ -92,12 +103,25 @@ class FastMACECalculator(Calculator):
         skin_A: float = CALCULATOR_SKIN_A,
         dispersion: str | None = None,
         dispersion_functional: str | None = None,
+        charge: float | None = None,
+        spin: float | None = None,
         **load_options: Any,
     ) -> None:
         super().__init__()
         if not skin_A >= 0:
             raise ValueError(f"skin_A must be a length >= 0 in Å, got {skin_A}")
         self.loaded = _loaded_model(model, head, device, dtype, backend, load_options)
+        self.long_range = is_long_range(self.loaded.module)
+        if not self.long_range and (charge is not None or spin is not None):
+            raise ValueError(
+                f"charge= and spin= are read by long-range models (MACE-POLAR-1) only; "
+                f"{self.loaded.name} is a {self.loaded.description.model_type}, whose energy "
+                "does not depend on them"
+            )
+        self.charge = DEFAULT_CHARGE if charge is None else float(charge)
+        self.spin = DEFAULT_SPIN_MULTIPLICITY if spin is None else float(spin)
+        if not self.spin >= 1:
+            raise ValueError(f"spin is the multiplicity 2S + 1 (1 or more), got {spin}")
         self.skin_A = float(skin_A)
         self.model_species = tuple(int(z) for z in self.loaded.module.atomic_numbers)
         self.dispersion_functional = model_dispersion_functional(
@@ -130,7 +154,8 @@ class FastMACECalculator(Calculator):
         potential = self._potential_for(atoms)
         edges = self._edges_for("model", atoms, state, potential.r_max)
         periodic = bool(np.all(atoms.pbc))
-        output = potential(state, edges, compute_stress=periodic)
+        charge, spin = self.charge_and_spin(atoms)
+        output = potential(state, edges, compute_stress=periodic, charge=charge, spin=spin)
         energy, forces, stress = output.energy, output.forces, output.stress
         if self.dispersion_functional is not None:  # D3(BJ) on its own list, as in MD
             d3 = self._d3_for(atoms)
@@ -151,6 +176,25 @@ class FastMACECalculator(Calculator):
             self.results["stress"] = full_3x3_to_voigt_6_stress(
                 stress[0].detach().to("cpu").numpy()
             )
+
+    def charge_and_spin(self, atoms: ase.Atoms) -> tuple[float, float]:
+        """Total charge and spin multiplicity of ``atoms``: its ``info``, else the calculator's."""
+        charge = float(atoms.info.get("charge", self.charge))
+        spin = float(atoms.info.get("spin", self.spin))
+        if not spin >= 1:
+            raise ValueError(
+                f'atoms.info["spin"] is the spin multiplicity 2S + 1 (1 or more), got {spin}'
+            )
+        return charge, spin
+
+    def check_state(self, atoms: ase.Atoms, tol: float = 1e-15) -> list[str]:
+        """ASE's changes, plus "charge" when a long-range model's charge or spin changed
+        (ASE compares no ``info``, so a new charge alone would return the old results)."""
+        changes = super().check_state(atoms, tol)
+        known = self.long_range and self.atoms is not None and not changes
+        if known and self.charge_and_spin(atoms) != self.charge_and_spin(self.atoms):
+            changes.append("charge")
+        return changes
 
     def _potential_for(self, atoms: ase.Atoms) -> Potential:
         """The potential for these elements; made again only when the elements change."""
@@ -192,7 +236,10 @@ def calculator(model: LoadedModel | str | os.PathLike[str], **options: Any) -> F
     """An ASE calculator for ``model``: ``atoms.calc = fm.calculator("demo-emt-cu")``.
 
     ``options`` are those of :class:`FastMACECalculator` (``head``, ``device``, ``dtype``,
-    ``backend``, ``skin_A``, ``dispersion``, ``dispersion_functional`` and ``fm.load``'s own).
+    ``backend``, ``skin_A``, ``dispersion``, ``dispersion_functional``, ``charge``, ``spin``
+    and ``fm.load``'s own). MACE-POLAR-1 runs here:
+    ``fm.calculator("polar-1", device="cuda")``, with ``atoms.info["charge"]`` and
+    ``atoms.info["spin"]`` (multiplicity) for charged and open-shell structures.
     """
     return FastMACECalculator(model, **options)
 

@@ -35,6 +35,7 @@ from fastmace.runtime.driver import nvidia_driver_version
 from fastmace.runtime.mounts import Mount, nfs_mount_of, read_mount_table
 from fastmace.runtime.stale_locks import find_stale_locks, removal_command
 from fastmace.runtime.startup import RuntimeInfo, file_lock_problems
+from fastmace.vocabulary import GRAPH_LONGRANGE_VERSION
 
 QUALIFIED_MACE = "0.3.16"
 
@@ -233,11 +234,16 @@ def check_openequivariance(ctx: DoctorContext) -> str:
     )
 
 
-def _optional_package(distribution: str, fix: str) -> Check:
+def _optional_package(distribution: str, fix: str, exact: str | None = None) -> Check:
     def check(ctx: DoctorContext) -> str:
         version = _version(distribution)
         if version is None:
             raise CheckFailed(f"{distribution} is not installed: {fix}")
+        if exact is not None and version != exact:
+            raise CheckFailed(
+                f"{distribution} {version} is installed, but {exact} is the version that "
+                f"works with mace-torch 0.3.16: pip install '{distribution}=={exact}'"
+            )
         return f"{distribution} {version}"
 
     return check
@@ -373,7 +379,9 @@ CHECKS = (
         "graph-longrange",
         False,
         _optional_package(
-            "graph-longrange", "needed for MACE-POLAR-1: pip install 'fastmace[polar]'"
+            "graph-longrange",
+            "needed for MACE-POLAR-1: pip install 'fastmace[polar]'",
+            exact=GRAPH_LONGRANGE_VERSION,
         ),
     ),
     DoctorCheck(

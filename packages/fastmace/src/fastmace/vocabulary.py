@@ -18,6 +18,12 @@ CUDA_BACKEND_ORDER = ("cueq", "hybrid", "e3nn")
 "auto" picks a backend, in fm.md's planner and in fm.load alike, and the gate's fallbacks."""
 CPU_BACKEND = "e3nn"
 """The backend "auto" picks on the CPU (faster there than cuEquivariance's CPU fallback)."""
+LONG_RANGE_MODEL_TYPES = ("PolarMACE",)
+"""mace-torch model classes with a long-range part (MACE-POLAR-1): they run eagerly through
+fm.calculator, on the e3nn backend when "auto" picks, and not in the captured MD engine."""
+GRAPH_LONGRANGE_VERSION = "0.4.0"
+"""The graph-longrange that mace-torch 0.3.16's PolarMACE can call (the polar extra's pin;
+0.4.3 and 0.4.4 refuse its force_pbc_evaluator argument); `fastmace doctor` checks it."""
 DTYPES = ("float32", "float64")
 # How a float32 model's matrix products run: float32 on CUDA cores (results within float32
 # rounding), or TF32 tensor cores on CUDA (faster, looser: the gate's own tolerance below).

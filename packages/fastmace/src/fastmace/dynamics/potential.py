@@ -46,6 +46,14 @@ from fastmace.dynamics.edges import (
 )
 from fastmace.dynamics.module_copy import weight_sharing_copy
 from fastmace.dynamics.pair_radials import pair_shared_model
+from fastmace.dynamics.polar import (
+    DEFAULT_CHARGE,
+    DEFAULT_SPIN_MULTIPLICITY,
+    LONG_RANGE_MODEL_TYPES,
+    is_long_range,
+    per_system_values,
+    polar_graph,
+)
 from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
 from fastmace.dynamics.state import State
 from fastmace.models.backends import rounding_tolerances
@@ -57,7 +65,7 @@ if TYPE_CHECKING:
     from fastmace.models.load import LoadedModel
 
 ENERGY_DTYPE = torch.float64  # energies are summed and forces returned in float64
-SUPPORTED_MODEL_TYPES = ("MACE", "ScaleShiftMACE")
+SUPPORTED_MODEL_TYPES = ("MACE", "ScaleShiftMACE", *LONG_RANGE_MODEL_TYPES)
 _MAX_ATOMIC_NUMBER = 118
 # The model inputs whose size is the number of edges, and the dimension that holds it.
 EDGE_DIMENSIONS = (("edge_index", 1), ("shifts", 0), ("unit_shifts", 0))
@@ -101,8 +109,14 @@ class Potential(torch.nn.Module):
     The model runs in its own dtype: positions and cells are cast to it at the boundary, and
     energies and forces come back in float64. Multi-head models use ``head`` for every system.
 
+    A ``PolarMACE`` (MACE-POLAR-1) runs eagerly only (dynamics/polar.py): its graph keeps the
+    real edges alone, a host synchronisation, so it cannot be captured in a CUDA graph, and it
+    is neither specialised nor compiled. Its energy is the model's total per system (local,
+    electrostatic and electron energy), for the ``charge`` and ``spin`` given to ``forward``.
+
     Args:
-        model: a mace-torch ``MACE`` or ``ScaleShiftMACE`` on any backend, device and dtype.
+        model: a mace-torch ``MACE``, ``ScaleShiftMACE`` or ``PolarMACE`` on any backend,
+            device and dtype.
         species: the atomic numbers the run will use; every one must be in the model. The
             potential runs a copy of the model specialised to them (dynamics/species_linear.py),
             which gives NaN for atoms of other elements; ``model`` itself is not changed.
@@ -144,11 +158,21 @@ class Potential(torch.nn.Module):
         self.check_species(self.species)
         heads = tuple(getattr(model, "heads", None) or ("Default",))
         self.head = _resolve_head(head, heads)
-        # A copy for the run's elements and the padding node's (the model's first element).
-        self.model = specialise_for_species(model, (*self.species, self.model_species[0]))
-        # The same weights with the radial MLPs run once per pair, for mirrored edges
-        # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
-        self.pair_model = pair_shared_model(self.model)
+        self.long_range = is_long_range(model)
+        if self.long_range and compile:
+            raise UnsupportedModelError(
+                f"a {type(model).__name__} runs eagerly in FastMACE: leave compile off"
+            )
+        if self.long_range:
+            # mace-torch's own model, unchanged: its long-range part is checked against
+            # mace-torch's calculator as it is, and it has no padding node to specialise for.
+            self.model, self.pair_model = model, None
+        else:
+            # A copy for the run's elements and the padding node's (the model's first element).
+            self.model = specialise_for_species(model, (*self.species, self.model_species[0]))
+            # The same weights with the radial MLPs run once per pair, for mirrored edges
+            # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
+            self.pair_model = pair_shared_model(self.model)
         self.compiled = bool(compile)
         self.compile_fallback = bool(compile_fallback)
         self.compile_failure: str | None = None  # why compilation was given up, if it was
@@ -207,17 +231,28 @@ class Potential(torch.nn.Module):
             table[number, index] = 1.0
         return table.to(dtype=dtype, device=device)
 
-    def forward(self, state: State, edges: Edges, compute_stress: bool = False) -> PotentialOutput:
+    def forward(
+        self,
+        state: State,
+        edges: Edges,
+        compute_stress: bool = False,
+        *,
+        charge: torch.Tensor | float | list[float] | None = None,
+        spin: torch.Tensor | float | list[float] | None = None,
+    ) -> PotentialOutput:
         """Energy per system, forces and (with ``compute_stress``) virials and stresses.
 
-        No host synchronisation and fixed shapes; not to be called under
-        ``torch.inference_mode`` (forces need autograd), any other grad mode is fine.
+        ``charge`` (total charge in e) and ``spin`` (spin multiplicity 2S + 1), one value or
+        one per system, are read by long-range models only (default: neutral singlet, as
+        mace-torch); local models do not depend on them. For local models: no host
+        synchronisation and fixed shapes. Not to be called under ``torch.inference_mode``
+        (forces need autograd), any other grad mode is fine.
         """
         if not self.compiled:
-            return self._evaluate(state, edges, compute_stress)
+            return self._evaluate(state, edges, compute_stress, charge, spin)
         try:
             with _compile_settings():
-                return self._evaluate(state, edges, compute_stress)
+                return self._evaluate(state, edges, compute_stress, charge, spin)
         except ModelCompileError as error:
             if not self.compile_fallback:
                 raise
@@ -230,21 +265,36 @@ class Potential(torch.nn.Module):
                 RuntimeWarning,
                 stacklevel=2,
             )
-            return self._evaluate(state, edges, compute_stress)
+            return self._evaluate(state, edges, compute_stress, charge, spin)
 
-    def _evaluate(self, state: State, edges: Edges, compute_stress: bool) -> PotentialOutput:
+    def _evaluate(
+        self,
+        state: State,
+        edges: Edges,
+        compute_stress: bool,
+        charge: torch.Tensor | float | list[float] | None,
+        spin: torch.Tensor | float | list[float] | None,
+    ) -> PotentialOutput:
         """forward's work, through the compiled model when ``compiled``."""
         with torch.enable_grad(), _compile_errors_named(self.compiled):
-            graph = self._graph(state, edges, compute_stress)
+            if self.long_range:
+                graph = self._long_range_graph(state, edges, compute_stress, charge, spin)
+            else:
+                graph = self._graph(state, edges, compute_stress)
             with (
                 default_dtype(self.node_attr_table.dtype),
                 _matmul_precision(self.matmul_precision),
             ):
                 call = self._model_call(edges.mirrored)
                 output = call(graph.data, training=False, compute_force=False)
-            node_energy = output["node_energy"][: state.n_atoms].to(ENERGY_DTYPE)
-            energy = torch.zeros(state.n_systems, dtype=ENERGY_DTYPE, device=state.device)
-            energy = energy.index_add(0, state.system, node_energy)
+            if self.long_range:
+                # The total per system: the node energies leave out the electrostatic and
+                # electron energies.
+                energy = output["energy"].to(ENERGY_DTYPE)
+            else:
+                node_energy = output["node_energy"][: state.n_atoms].to(ENERGY_DTYPE)
+                energy = torch.zeros(state.n_systems, dtype=ENERGY_DTYPE, device=state.device)
+                energy = energy.index_add(0, state.system, node_energy)
             inputs = [graph.positions]
             if graph.displacement is not None:
                 inputs.append(graph.displacement)
@@ -322,6 +372,42 @@ class Potential(torch.nn.Module):
             "ptr": torch.searchsorted(batch, boundaries),
             "head": self.head_index.expand(n_systems + 1),
         }
+        return _Graph(data=data, positions=positions, displacement=displacement)
+
+    def _long_range_graph(
+        self,
+        state: State,
+        edges: Edges,
+        compute_stress: bool,
+        charge: torch.Tensor | float | list[float] | None,
+        spin: torch.Tensor | float | list[float] | None,
+    ) -> _Graph:
+        """PolarMACE's input dictionary (dynamics/polar.py), plus the leaves to differentiate."""
+        dtype = self.node_attr_table.dtype
+        device, n_systems = state.device, state.n_systems
+        edge_index, unit_shifts, real = _real_edges(state, edges, self.r_max)
+        positions = state.positions.to(dtype=dtype, copy=True).requires_grad_(True)
+        strained, displacement = None, None
+        if compute_stress:
+            moved, cell_moved, displacement = _strained(
+                positions, state.cell.to(dtype), systems_of_atoms(state)
+            )
+            strained = (moved, cell_moved)
+        data = polar_graph(
+            state,
+            edge_index,
+            unit_shifts,
+            real,
+            node_attrs=self.node_attr_table[state.atomic_numbers],
+            head_index=self.head_index,
+            r_max=self.r_max,
+            positions=positions,
+            strained=strained,
+            charge=per_system_values(charge, DEFAULT_CHARGE, n_systems, "charge", dtype, device),
+            spin=per_system_values(
+                spin, DEFAULT_SPIN_MULTIPLICITY, n_systems, "spin", dtype, device
+            ),
+        )
         return _Graph(data=data, positions=positions, displacement=displacement)
 
     def _padding_node_attrs(self) -> torch.Tensor:
@@ -511,8 +597,8 @@ def _check_model(model: torch.nn.Module) -> None:
     if kind not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(
             f"a {kind} is not supported: Potential drives energy models "
-            f"({', '.join(SUPPORTED_MODEL_TYPES)}); long-range and polar models (MACELES, "
-            "PolarMACE) and dipole models need inputs and outputs it does not provide"
+            f"({', '.join(SUPPORTED_MODEL_TYPES)}); MACELES and dipole models need inputs and "
+            "outputs it does not provide"
         )
     if hasattr(model, "joint_embedding"):
         raise UnsupportedModelError(

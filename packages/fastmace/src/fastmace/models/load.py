@@ -33,7 +33,7 @@ from fastmace.models.label_table import (
     resolve_label,
 )
 from fastmace.models.templates import template
-from fastmace.vocabulary import CPU_BACKEND, CUDA_BACKEND_ORDER
+from fastmace.vocabulary import CPU_BACKEND, CUDA_BACKEND_ORDER, LONG_RANGE_MODEL_TYPES
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -185,6 +185,11 @@ def load(
     if file is not None:
         file = file.without_content()  # loaded: keep the record, not the bytes
     description = describe(reference)
+    if backend == "auto" and description.model_type in LONG_RANGE_MODEL_TYPES:
+        # Its long-range part is checked against mace-torch on e3nn only
+        # (docs/validation/polar.md); ask for another backend by name to try it.
+        chosen = CPU_BACKEND
+        reason = f"auto: a {description.model_type} runs on e3nn (docs/validation/polar.md)"
     head = _resolve_head(head, description)
     origin: dict = {"model": text, "head": head, "seed": seed}
     if file is not None:

@@ -38,6 +38,8 @@ class TemplateShape:
     heads: tuple[str, ...] = ("Default",)
     radial_mlp: tuple[int, ...] = (64, 64, 64)
     extra: dict = field(default_factory=dict)
+    # "ScaleShiftMACE", or "PolarMACE" (MACE-POLAR-1's class; needs graph-longrange).
+    model_type: str = "ScaleShiftMACE"
 
 
 TEMPLATES: dict[str, TemplateShape] = {
@@ -67,13 +69,37 @@ TEMPLATES: dict[str, TemplateShape] = {
         atomic_numbers=(1, 6, 8, 29),
         radial_mlp=(8, 8),
     ),
+    # Not a released shape: a small PolarMACE (MACE-POLAR-1's class) for fast tests, with
+    # every part of its long-range model switched on: atomic charges and dipoles
+    # (multipoles to l=1), field features to l=1 at two widths, two self-consistent field
+    # updates and the local electron energy.
+    "polar-tiny": TemplateShape(
+        "8x0e+8x1o",
+        "RealAgnosticResidualInteractionBlock",
+        r_max=4.0,
+        num_bessel=4,
+        max_ell=2,
+        correlation=2,
+        atomic_numbers=(1, 6, 8, 29),
+        radial_mlp=(8, 8),
+        model_type="PolarMACE",
+        extra={
+            "atomic_multipoles_max_l": 1,
+            "atomic_multipoles_smearing_width": 1.0,
+            "field_feature_max_l": 1,
+            "field_feature_widths": [1.0, 2.0],
+            "num_recursion_steps": 2,
+            "add_local_electron_energy": True,
+        },
+    ),
 }
 
 
 def template(
     name: str, seed: int = 0, dtype: torch.dtype = torch.float64, avg_num_neighbors: float = 30.0
 ) -> torch.nn.Module:
-    """A ``ScaleShiftMACE`` with the shapes of ``name`` and random weights drawn from ``seed``."""
+    """A ``ScaleShiftMACE`` (or, for polar templates, a ``PolarMACE``) with the shapes of
+    ``name`` and random weights drawn from ``seed``."""
     if name not in TEMPLATES:
         raise UnknownLabelError(
             f"unknown template {name!r}; the templates are: {', '.join(TEMPLATES)}"
@@ -87,7 +113,9 @@ def template(
         torch.manual_seed(seed)
         rng = np.random.default_rng(seed)
         interaction = modules.interaction_classes[shape.interaction]
-        model = modules.ScaleShiftMACE(
+        # PolarMACE takes ScaleShiftMACE's arguments plus its long-range ones (in ``extra``).
+        model_class = getattr(modules, shape.model_type)
+        model = model_class(
             r_max=shape.r_max,
             num_bessel=shape.num_bessel,
             num_polynomial_cutoff=5,
