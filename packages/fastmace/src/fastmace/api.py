@@ -247,7 +247,8 @@ def md(
     skin and the environment variables, each decision with its reason (in the report and
     metadata.json). ``device``, ``dtype``, ``backend``, ``block_steps``, ``skin_A``,
     ``graphs`` (CUDA graphs), ``compile`` (the model through ``torch.compile``: faster steps
-    after a compilation of a minute or more, docs/md.md) and ``matmul_precision`` ("tf32": the
+    after about 30 s of compilation; left to the plan, on for float32 cuEq runs on CUDA long
+    enough to pay it back, docs/md.md) and ``matmul_precision`` ("tf32": the
     model's matrix products on TF32 tensor cores, faster and looser) force a decision, as does
     ``config`` (an ``fm.EngineConfig``): the keywords are its fields of the same name, set on
     it, so a setting forced both ways must agree.

@@ -258,9 +258,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         f"faster, looser: docs/md.md) (default: {DEFAULT_MATMUL_PRECISION})",
     )
     md.add_argument(
-        "--compile", action="store_true", default=None,
-        help="run the model through torch.compile: faster steps after a compilation of a "
-        "minute or more, cached for later runs (docs/md.md) (default: off)",
+        "--compile", action=argparse.BooleanOptionalAction, default=None,
+        help="run the model through torch.compile (--no-compile: never): faster steps after "
+        "about 30 s of compilation, cached for later runs (default: on for float32 cuEq runs "
+        "on CUDA long enough to pay it back three times, docs/planner.md)",
     )  # fmt: skip
     md.add_argument(
         "--guard", action="append", type=_bound, metavar="NAME=VALUE|off",

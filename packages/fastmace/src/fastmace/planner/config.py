@@ -35,7 +35,7 @@ class EngineConfig:
     graphs: bool | None = None
     """Capture each block of K steps as a CUDA graph."""
     compile: bool | None = None
-    """torch.compile the model."""
+    """torch.compile the model (None: the planner's choice, on for long float32 cuEq runs)."""
     edge_capacity: int | None = None
     """Edges the neighbour list holds at the start (None: the first build's need x headroom)."""
     headroom: float | None = None

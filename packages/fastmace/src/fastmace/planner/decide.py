@@ -53,15 +53,16 @@ CUEQ_KERNEL_CHOICE_REASON = (
     "and 13,824 atoms (H200, MP-0 medium; docs/planner.md)"
 )
 CUEQ_BACKENDS = ("cueq", "hybrid")  # the backends whose model runs cuEquivariance's kernels
-# torch.compile on the captured cuEq step, measured on the H200 (MP-0 medium, float32,
-# docs/validation/performance.md): it saves about 0.7 ms + 0.46 µs per atom per step (0.75 ms
-# at 216 atoms, 1.5 at 1,728, 7.1 at 13,824) and compiles for about COMPILE_COST_S before the
-# first step. The plan compiles where the run's saving is COMPILE_PAYBACK times that cost.
-COMPILE_SAVING_MS = 0.7
-COMPILE_SAVING_MS_PER_ATOM = 0.46e-3
-COMPILE_COST_S = 35.0
+# torch.compile on the captured cuEq step, measured on the H200 (MP-0 medium, float32, the
+# number of edges symbolic; docs/validation/performance.md, 2026-12-01, seventh session): it
+# saves about 0.67 ms + 0.40 µs per atom per step (0.76 ms at 216 atoms, 6.2 at 13,824) and
+# compiles for 24-30 s before the first step with Inductor's cache cold (about 13 s warm).
+# The plan compiles where the run's predicted saving is COMPILE_PAYBACK times that cost.
+COMPILE_SAVING_MS = 0.67
+COMPILE_SAVING_MS_PER_ATOM = 0.40e-3
+COMPILE_COST_S = 30.0
 COMPILE_PAYBACK = 3.0
-COMPILE_MEASURED = "H200, MP-0 medium, cuEq: about 0.7 ms + 0.46 µs per atom saved per step"
+COMPILE_MEASURED = "H200, MP-0 medium, cuEq: about 0.67 ms + 0.40 µs per atom saved per step"
 CPU_BACKEND_REASON = (
     "measured: on the CPU e3nn beats cuEquivariance's CPU fallback (benchmark dry run, mp0-small "
     "on 64 atoms: e3nn 350 ms vs cuEq 729 ms per step); OEq and hybrid need CUDA"
