@@ -11,6 +11,8 @@ gradient of its energy (docs/validation/dispersion.md, "Three-body term").
 
 from __future__ import annotations
 
+import warnings
+
 import ase
 import numpy as np
 import pytest
@@ -230,3 +232,22 @@ def test_md_with_atm_runs_and_records_it(tmp_path) -> None:
     assert record["three_body"] is True and record["method"] == "d3bj-atm"
     assert record["kernel"].startswith("torch")
     assert "two- and three-body" in (output / "report.txt").read_text()
+
+
+def test_a_solid_at_the_default_cutoffs_is_warned_about_once() -> None:
+    """32 Cu atoms at 40 bohr: minutes per evaluation (docs/validation/dispersion.md); a
+    molecule at the same cutoffs is not warned about."""
+    import ase.build
+
+    d3 = D3BJ(D3BJParameters.for_functional("pbe"), [29], three_body=True)
+    solid = State.from_atoms([ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat(2)])
+    edges = NeighbourList(solid, d3.cutoff, skin=0.0).build(solid)
+    with pytest.warns(RuntimeWarning, match="use dispersion='d3bj'"):
+        d3.size_triples(edges)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d3.size_triples(edges)  # a regrown list: said once is enough
+        cluster = State.from_atoms([Icosahedron("Cu", 2)])
+        D3BJ(D3BJParameters.for_functional("pbe"), [29], three_body=True).size_triples(
+            NeighbourList(cluster, d3.cutoff, skin=0.0).build(cluster)
+        )

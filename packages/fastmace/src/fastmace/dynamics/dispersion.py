@@ -18,6 +18,7 @@ Evaluation of the libraries and the checks: docs/validation/dispersion.md.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -56,6 +57,12 @@ DISPERSION_SEARCH_FACTOR = 4
 KERNELS = ("torch", "triton")
 # The user-facing methods: the two-body term, and with the three-body (ATM) term.
 METHODS = ("d3bj", "d3bj-atm")
+# Above this many pairs of edges per evaluation the three-body term warns that it is slow:
+# ATM_MEASURED is what a periodic solid at the default cutoffs cost (dispersion.md).
+ATM_SLOW_PAIRS = 20_000_000
+ATM_MEASURED = (
+    "32 Cu atoms in a periodic cell (2.3e8 pairs) took 511 s per evaluation on a 2-core CPU"
+)
 # The fused kernels are used only within this relative difference of the torch version on the
 # run's first state (float64 rounding: 1e-13 to 1e-16 was measured on the CPU interpreter).
 FUSED_TOLERANCE = 1e-10
@@ -193,6 +200,7 @@ class D3BJ(torch.nn.Module):
                 "with three_body=True"
             )
         self.slots: int | None = None  # per-atom edge slots of the three-body term
+        self._warned_slow = False
         if not 0 < cn_cutoff <= cutoff:
             raise DispersionError(
                 f"need 0 < cn_cutoff <= cutoff, got cn_cutoff={cn_cutoff}, cutoff={cutoff}"
@@ -223,8 +231,23 @@ class D3BJ(torch.nn.Module):
 
     def size_triples(self, edges: Edges) -> None:
         """Size the three-body term's per-atom slots for ``edges`` (host-side: reads the
-        longest run back; call when the list is built or regrown, never in a capture)."""
+        longest run back; call when the list is built or regrown, never in a capture).
+
+        Warns, once, when an evaluation would examine more than ``ATM_SLOW_PAIRS`` pairs of
+        edges: a periodic solid at the default cutoffs, where one evaluation takes minutes.
+        """
         self.slots = atm.slots_for(edges.edge_index[0], edges.mask)
+        examined = int(edges.mask.sum()) * self.slots // 2
+        if examined > ATM_SLOW_PAIRS and not self._warned_slow:
+            self._warned_slow = True
+            warnings.warn(
+                f"D3's three-body term will examine about {examined:.1e} pairs of edges per "
+                f"evaluation ({self.slots} slots per atom within {self.cn_cutoff:.1f} Å): "
+                f"{ATM_MEASURED}. For a periodic solid use dispersion='d3bj' (two-body only) "
+                "(docs/validation/dispersion.md)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def check_species(self, species: Iterable[int]) -> None:
         """Raise DispersionError for elements outside the reference table; host-side."""

@@ -39,6 +39,9 @@ DEFAULT_SPIN_MULTIPLICITY = 1.0
 # mace-torch's long axis for a non-periodic direction: (max |position| + 1) * 5 * r_max.
 _OPEN_AXIS_FACTOR = 5.0
 
+PerSystem = torch.Tensor | float | list[float] | None
+"""One value for all systems, one per system, or None (the default)."""
+
 
 def is_long_range(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a mace-torch model with a long-range part (PolarMACE)."""
@@ -46,7 +49,7 @@ def is_long_range(model: torch.nn.Module) -> bool:
 
 
 def per_system_values(
-    values: torch.Tensor | float | list[float] | None,
+    values: PerSystem,
     default: float,
     n_systems: int,
     name: str,

@@ -50,6 +50,7 @@ from fastmace.dynamics.polar import (
     DEFAULT_CHARGE,
     DEFAULT_SPIN_MULTIPLICITY,
     LONG_RANGE_MODEL_TYPES,
+    PerSystem,
     is_long_range,
     per_system_values,
     polar_graph,
@@ -237,8 +238,8 @@ class Potential(torch.nn.Module):
         edges: Edges,
         compute_stress: bool = False,
         *,
-        charge: torch.Tensor | float | list[float] | None = None,
-        spin: torch.Tensor | float | list[float] | None = None,
+        charge: PerSystem = None,
+        spin: PerSystem = None,
     ) -> PotentialOutput:
         """Energy per system, forces and (with ``compute_stress``) virials and stresses.
 
@@ -272,8 +273,8 @@ class Potential(torch.nn.Module):
         state: State,
         edges: Edges,
         compute_stress: bool,
-        charge: torch.Tensor | float | list[float] | None,
-        spin: torch.Tensor | float | list[float] | None,
+        charge: PerSystem,
+        spin: PerSystem,
     ) -> PotentialOutput:
         """forward's work, through the compiled model when ``compiled``."""
         with torch.enable_grad(), _compile_errors_named(self.compiled):
@@ -379,8 +380,8 @@ class Potential(torch.nn.Module):
         state: State,
         edges: Edges,
         compute_stress: bool,
-        charge: torch.Tensor | float | list[float] | None,
-        spin: torch.Tensor | float | list[float] | None,
+        charge: PerSystem,
+        spin: PerSystem,
     ) -> _Graph:
         """PolarMACE's input dictionary (dynamics/polar.py), plus the leaves to differentiate."""
         dtype = self.node_attr_table.dtype
