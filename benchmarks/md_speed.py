@@ -663,6 +663,8 @@ class Bench:
         per_block = sorted(1000 * t / s for s, t, _ in steady)
         ms = 1000 * steady_s / steady_steps
         thermo = result.thermo[0] if result.thermo else {}
+        simulation.engine.run_block = run_block  # type: ignore[method-assign]
+        profile = self.kernel_profile(case, simulation) if self.args.profile else {}
         return {
             "ms_per_step": ms,
             "steps_per_s": 1000 / ms,
@@ -701,7 +703,31 @@ class Bench:
             ),
             "predicted_ms_per_step": predicted,
             **errors,
+            **profile,
         }
+
+    def kernel_profile(self, case: Case, simulation: Simulation) -> dict[str, Any]:
+        """--profile: the kernels of two more replayed blocks by family and the ten largest
+        (benchmarks/profile_step.py's table), printed and kept in the case."""
+        if not (self.cuda and simulation.engine.capture):
+            return {"kernel_profile": "not profiled: CUDA graphs only"}
+        from profile_step import kernel_table  # benchmarks/ is on sys.path: the script's own
+
+        rows = kernel_table(simulation, 2)
+        families: dict[str, list[float]] = {}
+        for row in rows:
+            total = families.setdefault(row["family"], [0.0, 0.0])
+            total[0] += row["ms_per_step"]
+            total[1] += row["calls_per_step"]
+        lines = [f"kernels of {case.id}, ms and launches per step:"]
+        for name, (ms, calls) in sorted(families.items(), key=lambda item: -item[1][0]):
+            lines.append(f"  {ms:9.3f} ms {calls:7.1f}  {name}")
+        print("\n".join(lines), flush=True)
+        return {
+            "kernel_families": {name: {"ms_per_step": ms, "launches_per_step": calls}
+                                for name, (ms, calls) in families.items()},
+            "largest_kernels": rows[:10],
+        }  # fmt: skip
 
     # -- MACECalculator + ASE ----------------------------------------------------------
 
@@ -987,6 +1013,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--force-errors",
         action="store_true",
         help="for each FastMACE case, the forces at the first state against float64 e3nn",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="for each captured FastMACE case, its kernel time by family (two more blocks)",
     )
     parser.add_argument("--list", action="store_true", help="print the plan and exit")
     args = parser.parse_args(argv)
