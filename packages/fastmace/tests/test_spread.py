@@ -15,7 +15,7 @@ import torch
 from conftest import copper
 
 import fastmace as fm
-from fastmace.runner import RunnerConfig
+from fastmace.runner import ChildStopped, RunnerConfig, RunnerError
 from fastmace.spread import (
     DeviceSlot,
     SpreadError,
@@ -134,3 +134,18 @@ def test_two_gpus_give_each_system_its_one_gpu_trajectory(tmp_path):
     for one, other in zip(alone.structures, spread.structures, strict=True):
         np.testing.assert_allclose(one.positions, other.positions, rtol=0,
                                    atol=same_trajectory_atol_A())  # fmt: skip
+
+
+def test_a_ladder_part_that_fails_stops_the_others_at_once(tmp_path):
+    """Part 1's child cannot start (a bad variable in its environment); part 0 would wait for
+    it at the rendezvous for the group's ten minutes, and is stopped instead."""
+    ladder = fm.geometric_ladder(300.0, 900.0, 4)
+    settings = {**COMMON, "temperature_K": ladder, "exchange_every": 5, "steps": 20}
+    slots = [DeviceSlot("CPU process 0"),
+             DeviceSlot("CPU process 1", {"FASTMACE_SOFT_FILE_LOCKS": "maybe"})]  # fmt: skip
+    progress = io.StringIO()
+    arguments = {**settings, "device": "cpu", "output": str(tmp_path / "run")}
+    with pytest.raises(RunnerError, match="FASTMACE_SOFT_FILE_LOCKS") as failed:
+        run_spread(arguments, [cu32() for _ in range(4)], slots, RunnerConfig(), progress)
+    assert not isinstance(failed.value, ChildStopped)  # the cause, not the part stopped for it
+    assert "the part on CPU process 1 failed (1 other part(s)" in progress.getvalue()

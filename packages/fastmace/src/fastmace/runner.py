@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ TAIL_LINES = 40
 # How long to wait for the rest of the child's output once it has ended: a process the child
 # started may still hold the pipe open, and must not hold up the caller.
 DRAIN_S = 10.0
+# How often a child's wait looks at its ``stop`` event, in seconds.
+STOP_POLL_S = 0.5
 
 
 class RunnerError(RuntimeError):
@@ -68,6 +71,10 @@ class RunnerError(RuntimeError):
         """The child's exception as ``Type: message``, when it got as far as raising one."""
         self.tail = tail
         """The last lines of the child's output (stderr and stdout)."""
+
+
+class ChildStopped(RunnerError):
+    """The child was stopped from outside (``run_in_subprocess``'s ``stop``), not failed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,10 +168,13 @@ def encode_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     return encoded
 
 
-def _run_child(request: Path, runner: RunnerConfig, stream: TextIO) -> tuple[int | None, str]:
+def _run_child(
+    request: Path, runner: RunnerConfig, stream: TextIO, stop: threading.Event | None = None
+) -> tuple[int | None, str]:
     """Run the child on ``request``, passing its output on to ``stream``; (exit code, tail).
 
-    The exit code is None when the child was stopped after ``runner.timeout_s``.
+    The exit code is None when the child was stopped: after ``runner.timeout_s``, or once
+    ``stop`` is set.
     """
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     child = subprocess.Popen(
@@ -187,15 +197,31 @@ def _run_child(request: Path, runner: RunnerConfig, stream: TextIO) -> tuple[int
     relaying = threading.Thread(target=relay, daemon=True)
     relaying.start()
     try:
-        returncode: int | None = child.wait(timeout=runner.timeout_s)
-    except subprocess.TimeoutExpired:
-        returncode = None
+        returncode = _wait(child, runner.timeout_s, stop)
     finally:  # a timeout or an interrupt in this process: the child must not outlive the call
         if child.poll() is None:
             child.kill()
             child.wait()
         relaying.join(DRAIN_S)
     return returncode, "".join(tail)
+
+
+def _wait(
+    child: subprocess.Popen[str], timeout_s: float | None, stop: threading.Event | None
+) -> int | None:
+    """The child's exit code, or None after ``timeout_s`` or once ``stop`` is set."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while stop is None or not stop.is_set():
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return None
+        # Without ``stop`` one wait does; with it, short waits, so a stop is seen promptly.
+        wait = left if stop is None else min(STOP_POLL_S, left if left is not None else math.inf)
+        try:
+            return child.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return None
 
 
 def _failure(
@@ -229,13 +255,15 @@ def run_in_subprocess(
     structures: list[ase.Atoms],
     runner: RunnerConfig,
     progress: TextIO | None = None,
+    stop: threading.Event | None = None,
 ) -> MDResult:
     """Run ``fm.md(structures, **arguments)`` in a child process and return its result.
 
     ``arguments`` are ``fm.md``'s keyword arguments but ``progress`` and ``runner``. The
     child's output goes to ``progress`` (default ``sys.stderr``). Raises :class:`RunnerError`
-    when the child fails or runs past ``runner.timeout_s``; the hand-off directory is removed
-    in every case.
+    when the child fails or runs past ``runner.timeout_s``, and :class:`ChildStopped` when
+    another thread sets ``stop`` first (the child is then stopped); the hand-off directory is
+    removed in every case.
     """
     request = {
         "arguments": encode_arguments(arguments),  # before anything is written: may refuse
@@ -246,7 +274,9 @@ def run_in_subprocess(
         ase.io.write(handoff / STRUCTURES, structures, format="traj")
         (handoff / REQUEST).write_text(json.dumps(request), encoding="utf-8")
         stream = sys.stderr if progress is None else progress
-        returncode, tail = _run_child(handoff / REQUEST, runner, stream)
+        returncode, tail = _run_child(handoff / REQUEST, runner, stream, stop)
+        if returncode is None and stop is not None and stop.is_set():
+            raise ChildStopped("the run's child process was stopped", None, None, tail)
         if returncode != 0:
             raise _failure(handoff, returncode, tail, runner.timeout_s)
         return _read_result(handoff)

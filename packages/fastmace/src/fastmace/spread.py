@@ -33,7 +33,7 @@ import ase
 
 from fastmace.batching import is_per_system, merged_result
 from fastmace.io.atomic import atomic_write_text
-from fastmace.runner import RunnerConfig, run_in_subprocess
+from fastmace.runner import ChildStopped, RunnerConfig, run_in_subprocess
 from fastmace.runs import MDResult
 from fastmace.vocabulary import ENSEMBLE_SETTINGS
 
@@ -173,6 +173,9 @@ def run_spread(
         atomic_write_text(output / SPREAD_FILE, json.dumps(record, indent=1) + "\n")
     lock = threading.Lock()
     groups = _exchange_groups(arguments, parts, output, len(structures))
+    # A ladder's processes wait for each other at every exchange: once one part fails, the
+    # others are stopped at once instead of waiting out the group's timeout.
+    stop = threading.Event() if groups is not None else None
 
     def run_part(index: int) -> MDResult:
         part, slot = parts[index], slots[index]
@@ -187,7 +190,14 @@ def run_spread(
             timeout_s=runner.timeout_s,
         )  # fmt: skip
         stream = _Prefixed(progress, f"[{DEVICE_DIRECTORY.format(index=index)}] ", lock)
-        return run_in_subprocess(chosen, structures[part.start : part.stop], child, stream)
+        try:
+            return run_in_subprocess(
+                chosen, structures[part.start : part.stop], child, stream, stop
+            )
+        except BaseException:
+            if stop is not None:
+                stop.set()
+            raise
 
     try:
         with ThreadPoolExecutor(max_workers=len(parts)) as pool:
@@ -198,9 +208,13 @@ def run_spread(
             if output is None:
                 Path(groups[0]["rendezvous"]).parent.rmdir()
     failures = [(index, f.exception()) for index, f in enumerate(futures) if f.exception()]
+    # The part that failed first, not one stopped because of it.
+    failures.sort(key=lambda failure: isinstance(failure[1], ChildStopped))
     if failures:  # each part's own error says what went wrong; this says where
         index, error = failures[0]
-        progress.write(f"the part on {names[index]} failed; every other part has ended\n")
+        stopped = sum(isinstance(e, ChildStopped) for _, e in failures)
+        also = f" ({stopped} other part(s) of the ladder stopped for it)" if stopped else ""
+        progress.write(f"the part on {names[index]} failed{also}; every other part has ended\n")
         raise error
     heading = (
         f"The request ran on {len(parts)} GPUs at once: "
