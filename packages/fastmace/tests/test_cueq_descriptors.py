@@ -106,3 +106,18 @@ def test_a_model_converted_from_kept_descriptors_is_the_same(clean_env, tmp_path
     lines = [run.stdout.strip().splitlines()[-1] for run in runs]
     assert lines[0] == lines[1] and lines[0].endswith("True")
     assert any((tmp_path / "cache" / "compile" / "cueq").iterdir())
+
+
+def test_a_float64_model_is_not_converted_from_a_float32_models_descriptors(monkeypatch, tmp_path):
+    """mace-torch builds its coupling matrices in torch's default dtype: a projection kept
+    while a float32 model was converted is too coarse for float64, whose conversion check
+    (float64 rounding) then failed."""
+    from fastmace.models.load import load
+
+    monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
+    kept = tmp_path / "cache" / "compile" / "cueq"
+    load("template:tiny", backend="cueq", dtype="float32")
+    float32_entries = set(kept.iterdir())
+    loaded = load("template:tiny", backend="cueq", dtype="float64")  # raises if it disagrees
+    assert loaded.conversion_check.passed
+    assert len(set(kept.iterdir()) - float32_entries) == len(float32_entries)  # its own

@@ -120,26 +120,31 @@ def _load_planned(
     return loaded
 
 
-def _named_model_type(model: str | os.PathLike[str]) -> str | None:
-    """The mace-torch class of a label or template, from the table alone (None for a path)."""
-    from fastmace.models.label_table import find_checkpoint
-    from fastmace.models.templates import TEMPLATES
-
+def _named_model_type(model: object) -> str | None:
+    """The mace-torch class of a label or template, from the table alone (None for a path,
+    a loaded model, or anything else: the request's own checks refuse what is not allowed)."""
+    if not isinstance(model, str | os.PathLike):
+        return None
     text = os.fspath(model)
     if text.startswith("template:"):
+        from fastmace.models.templates import TEMPLATES  # imports torch: only for templates
+
         shape = TEMPLATES.get(text.removeprefix("template:"))
         return None if shape is None else shape.model_type
+    from fastmace.models.label_table import find_checkpoint
+
     entry = find_checkpoint(text.partition(":")[0])
     return None if entry is None else entry.model_type
 
 
 def _refuse_long_range(model: str | os.PathLike[str], model_type: str | None) -> None:
     """Refuse a long-range model (MACE-POLAR-1) in the MD engine, saying what to use instead."""
-    from fastmace.dynamics.potential import UnsupportedModelError
     from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
 
     if model_type not in LONG_RANGE_MODEL_TYPES:
         return
+    from fastmace.dynamics.potential import UnsupportedModelError  # imports torch: only here
+
     # The engine's step is captured with fixed shapes; PolarMACE's graph is not yet.
     raise UnsupportedModelError(
         f"{os.fspath(model)} is a {model_type} (MACE-POLAR-1's long-range model), which "

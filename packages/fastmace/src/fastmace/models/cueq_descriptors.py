@@ -7,8 +7,8 @@ rational rounding, operand symmetrisation) and mace-torch's projection onto it
 caches nothing). That is pure Python and takes seconds in every new process: 11.6 s for MP-0
 medium's two descriptors on the 2-core development machine, the largest share of the model
 load on the H200 machine (docs/validation/performance.md). Each result depends only on the
-irreps, the degrees and the library's version; it pickles to tens of kB and unpickles in a
-millisecond.
+irreps, the degrees, the library's version and torch's default dtype (mace-torch's coupling
+matrices are built in it); it pickles to tens of kB and unpickles in a millisecond.
 
 Within :func:`descriptors_cached_on_disk` these functions answer from
 ``<cache>/compile/cueq/``, and fill it on a miss. The patch is on the library's module for the
@@ -87,8 +87,15 @@ def _kept_on_disk(builder: Builder) -> Iterator[None]:
 def entry_path(
     builder: Builder, version: str, irreps_in: Any, irreps_out: Any, degrees: tuple[int, ...]
 ) -> Path:
-    """Where the result of these arguments is kept (the key covers all of them)."""
-    key = repr((builder.module, version, repr(irreps_in), repr(irreps_out), tuple(degrees)))
+    """Where the result of these arguments is kept (the key covers all of them, and torch's
+    default dtype: mace-torch builds its coupling matrices in it, so a projection built for a
+    float32 model is not precise enough for a float64 one)."""
+    import torch
+
+    key = repr(
+        (builder.module, version, repr(irreps_in), repr(irreps_out), tuple(degrees),
+         str(torch.get_default_dtype()))
+    )  # fmt: skip
     name = hashlib.sha256(key.encode()).hexdigest()[:32]
     return cache_dir("compile", "cueq") / f"{builder.name}-{name}.pickle"
 
