@@ -110,8 +110,8 @@ def _load_planned(
     from fastmace.models.load import load
 
     engine = plan.engine_settings()
-    # Labels and templates say their class before loading (and converting): refuse early.
-    _refuse_long_range(model, _named_model_type(model))
+    # Labels and templates of long-range models were refused by fm.md and fm.relax already;
+    # a checkpoint file says its class only once loaded.
     loaded = load(
         model, download=False, backend=engine.backend, device=engine.device,
         dtype=engine.dtype, seed=seed, **trust,

@@ -8,7 +8,7 @@ Shapes follow docs/models.md (from the published architectures).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -42,6 +42,17 @@ class TemplateShape:
     model_type: str = "ScaleShiftMACE"
 
 
+_TINY = TemplateShape(
+    "8x0e+8x1o",
+    "RealAgnosticResidualInteractionBlock",
+    r_max=4.0,
+    num_bessel=4,
+    max_ell=2,
+    correlation=2,
+    atomic_numbers=(1, 6, 8, 29),
+    radial_mlp=(8, 8),
+)
+
 TEMPLATES: dict[str, TemplateShape] = {
     "mp0-small": TemplateShape("128x0e", "RealAgnosticResidualInteractionBlock"),
     "mp0-medium": TemplateShape("128x0e+128x1o", "RealAgnosticResidualInteractionBlock"),
@@ -59,29 +70,13 @@ TEMPLATES: dict[str, TemplateShape] = {
         atomic_numbers=_OFF_ELEMENTS,
     ),
     # Not a released shape: the smallest sensible MACE, for fast tests.
-    "tiny": TemplateShape(
-        "8x0e+8x1o",
-        "RealAgnosticResidualInteractionBlock",
-        r_max=4.0,
-        num_bessel=4,
-        max_ell=2,
-        correlation=2,
-        atomic_numbers=(1, 6, 8, 29),
-        radial_mlp=(8, 8),
-    ),
-    # Not a released shape: a small PolarMACE (MACE-POLAR-1's class) for fast tests, with
-    # every part of its long-range model switched on: atomic charges and dipoles
+    "tiny": _TINY,
+    # Not a released shape: the tiny one as a PolarMACE (MACE-POLAR-1's class) for fast tests,
+    # with every part of its long-range model switched on: atomic charges and dipoles
     # (multipoles to l=1), field features to l=1 at two widths, two self-consistent field
     # updates and the local electron energy.
-    "polar-tiny": TemplateShape(
-        "8x0e+8x1o",
-        "RealAgnosticResidualInteractionBlock",
-        r_max=4.0,
-        num_bessel=4,
-        max_ell=2,
-        correlation=2,
-        atomic_numbers=(1, 6, 8, 29),
-        radial_mlp=(8, 8),
+    "polar-tiny": replace(
+        _TINY,
         model_type="PolarMACE",
         extra={
             "atomic_multipoles_max_l": 1,
