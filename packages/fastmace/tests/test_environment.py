@@ -119,6 +119,14 @@ def test_inductor_default_counts_as_unset(tmp_path):
     assert values["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
 
 
+def test_cueq_kernel_cache_in_the_cache_root_unless_the_user_chose(tmp_path):
+    env: dict[str, str] = {}
+    assert ev.configure_cueq_kernel_cache(tmp_path, env) == str(tmp_path / "cueq-nvrtc")
+    assert env["CUEQUIVARIANCE_OPS_NVRTC_CACHE_DIR"] == str(tmp_path / "cueq-nvrtc")
+    env = {"CUEQUIVARIANCE_OPS_NVRTC_CACHE_DIR": "/mine/kernels"}
+    assert ev.configure_cueq_kernel_cache(tmp_path, env) == "/mine/kernels"
+
+
 def test_allocator():
     env: dict[str, str] = {}
     assert ev.configure_allocator(False, env) is None

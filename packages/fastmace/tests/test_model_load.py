@@ -111,6 +111,8 @@ def test_cueq_on_the_cpu_agrees_with_e3nn(dtype):
     check = loaded.conversion_check
     assert check is not None and check.passed and check.dtype == dtype
     assert loaded.backend == "cueq" and loaded.dtype == dtype
+    assert set(loaded.timings) == {"read_s", "convert_s", "check_s"}
+    assert all(seconds > 0 for seconds in loaded.timings.values())
     # Independently of the built-in check: forces on another structure agree too.
     atoms = check_structure(loaded.description.atomic_numbers, seed=7)
     reference = evaluate(loaded.reference.to(getattr(torch, dtype)), atoms)

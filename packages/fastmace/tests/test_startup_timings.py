@@ -45,6 +45,13 @@ def test_fastmace_md_records_each_start_up_phase(clean_env, tmp_path):
     timings = json.loads((output / "metadata.json").read_text())["timings"]
     phases = timings["load_s"] + timings["setup_s"] + timings["first_block_s"]
     assert all(timings[name] > 0 for name in ("load_s", "setup_s", "first_block_s"))
+    # Each phase's timed parts happen inside it.
+    load_parts = ("load_read_s", "load_convert_s")
+    assert "load_check_s" not in timings  # e3nn on the CPU: nothing to compare the model with
+    setup_parts = ("setup_potential_s", "setup_neighbours_s", "setup_first_forces_s")
+    assert all(timings[name] >= 0 for name in load_parts + setup_parts)
+    assert sum(timings[name] for name in load_parts) <= timings["load_s"]
+    assert sum(timings[name] for name in setup_parts) <= timings["setup_s"]
     assert "gate_s" not in timings and "capture_s" not in timings  # no gate, no graphs on CPU
     # The phases run one after another inside the request, which runs inside the process.
     assert phases <= timings["to_first_step_s"] <= timings["process_to_first_step_s"] <= wall
@@ -62,4 +69,15 @@ def test_the_start_up_line_names_the_phases_in_order():
     assert startup_summary(timings) == (
         "load 12.0 s, gate 4.0 s, setup 5.5 s, first block 0.7 s, capture 1.1 s; "
         "first step done 23.4 s after the request"
+    )
+
+
+def test_the_start_up_line_shows_the_parts_of_a_phase():
+    timings = {
+        "load_s": 18.0, "load_read_s": 2.0, "load_convert_s": 5.04, "load_check_s": 10.0,
+        "setup_s": 5.6, "setup_neighbours_s": 0.3, "setup_first_forces_s": 4.9,
+    }  # fmt: skip
+    assert startup_summary(timings) == (
+        "load 18.0 s (read 2.0, convert 5.0, check 10.0), "
+        "setup 5.6 s (neighbours 0.3, first forces 4.9)"
     )

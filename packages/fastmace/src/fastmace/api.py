@@ -390,6 +390,7 @@ def md(
             seed=seed,
         )  # fmt: skip
         phases = {"load_s": time.perf_counter() - tick}  # with conversion and its checks
+        phases.update({f"load_{part}": seconds for part, seconds in loaded.timings.items()})
         gate, fallbacks = None, []
         if check == "gate":
             tick = time.perf_counter()

@@ -347,10 +347,31 @@ STARTUP_PHASES = (
 )
 
 
+# The parts of a phase, timed inside it: (phase, ((timing, label), ...)).
+STARTUP_PHASE_PARTS = {
+    "load_s": (("load_read_s", "read"), ("load_convert_s", "convert"), ("load_check_s", "check")),
+    "setup_s": (
+        ("setup_potential_s", "potential"),
+        ("setup_neighbours_s", "neighbours"),
+        ("setup_first_forces_s", "first forces"),
+    ),
+}
+
+
+def _phase_summary(timings: dict[str, float], name: str, label: str) -> str:
+    """``label`` and its seconds, with its timed parts in brackets."""
+    parts = ", ".join(
+        f"{part_label} {timings[part]:.1f}"
+        for part, part_label in STARTUP_PHASE_PARTS.get(name, ())
+        if part in timings
+    )
+    return f"{label} {timings[name]:.1f} s" + (f" ({parts})" if parts else "")
+
+
 def startup_summary(timings: dict[str, float]) -> str:
     """Each start-up phase's seconds, then the time to the first step (docs/output.md)."""
     text = ", ".join(
-        f"{label} {timings[name]:.1f} s" for name, label in STARTUP_PHASES if name in timings
+        _phase_summary(timings, name, label) for name, label in STARTUP_PHASES if name in timings
     )
     if "to_first_step_s" in timings:
         text += f"; first step done {timings['to_first_step_s']:.1f} s after the request"

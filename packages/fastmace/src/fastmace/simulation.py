@@ -131,6 +131,8 @@ class Simulation:
         try:
             if restart is not None:
                 state = _state_from_restart(state, restart.payload)
+            setup_parts = {}  # each part's seconds: where set-up goes (metadata.json)
+            tick = time.perf_counter()
             self.potential = Potential.from_loaded(
                 model,
                 state.atomic_numbers,
@@ -138,12 +140,17 @@ class Simulation:
                 compile_fallback=self.engine_settings.compile_fallback,
                 matmul_precision=self.engine_settings.matmul_precision,
             )
+            setup_parts["setup_potential_s"] = time.perf_counter() - tick
+            tick = time.perf_counter()
             neighbours, edges = self._neighbour_list(state, restart)
+            setup_parts["setup_neighbours_s"] = time.perf_counter() - tick
             force_field = ForceField(
                 self.potential, neighbours, edges, stress=settings.ensemble.needs_stress,
                 dispersion=self._dispersion(state),
             )  # fmt: skip
+            tick = time.perf_counter()
             md = self._initial_md(state, force_field)
+            setup_parts["setup_first_forces_s"] = time.perf_counter() - tick
             if restart is not None:
                 self._restore(md, restart.payload)
                 self.start_step = restart.step
@@ -176,7 +183,11 @@ class Simulation:
             )
             self.engine.steps_done = self.start_step
             self.structures = list(structures)
-            self.timings = {**(phases or {}), "setup_s": time.perf_counter() - started}
+            self.timings = {
+                **(phases or {}),
+                **setup_parts,
+                "setup_s": time.perf_counter() - started,
+            }
             self._write_metadata("running")
         except BaseException:
             # Nothing ran: the directory is given up (its lock released), its files stay.

@@ -117,6 +117,8 @@ def convert(
     if backend == "e3nn":
         return source.eval()
     import_mace()
+    if backend in ("cueq", "hybrid") and device.startswith("cuda"):
+        _keep_cueq_kernels()
     # Descriptors from the cache root: seconds of set-up saved per process (cueq_descriptors).
     with contained(), descriptors_cached_on_disk():
         if backend == "cueq":
@@ -127,6 +129,14 @@ def convert(
             from mace.cli.convert_e3nn_hybrid import run
         converted = run(source, device=device, return_model=True)
     return converted.to(device=device, dtype=dtype).eval()
+
+
+def _keep_cueq_kernels() -> None:
+    """cuEquivariance-ops' NVRTC-compiled kernels kept in the cache root for later processes
+    (docs/environment.md), before the converted model's first call compiles them."""
+    from fastmace.runtime import cache, environment
+
+    environment.configure_cueq_kernel_cache(cache.cache_root().path)
 
 
 @dataclass(frozen=True)
@@ -145,6 +155,14 @@ class ConversionCheck:
         return (
             self.energy_error_ev <= self.energy_tolerance_ev
             and self.force_error_ev_per_a <= self.force_tolerance_ev_per_a
+        )
+
+    def errors(self) -> str:
+        """The errors against their tolerances, for messages."""
+        return (
+            f"energy off by {self.energy_error_ev:.3g} eV (tolerance "
+            f"{self.energy_tolerance_ev:.3g}), forces by {self.force_error_ev_per_a:.3g} eV/Å "
+            f"(tolerance {self.force_tolerance_ev_per_a:.3g})"
         )
 
 
@@ -221,8 +239,6 @@ def convert_checked(
     if not check.passed:
         raise ConversionCheckError(
             f"the {backend} model disagrees with the e3nn model beyond {check.dtype} rounding: "
-            f"energy off by {check.energy_error_ev:.3g} eV (tolerance "
-            f"{check.energy_tolerance_ev:.3g}), forces by {check.force_error_ev_per_a:.3g} eV/Å "
-            f"(tolerance {check.force_tolerance_ev_per_a:.3g})"
+            + check.errors()
         )
     return converted, check

@@ -86,6 +86,9 @@ FP64_EMULATION_BITS = "CUBLAS_FIXEDPOINT_EMULATION_MANTISSA_BIT_COUNT"
 CUEQ_KERNEL_CHOICE = "CUEQUIVARIANCE_OPS_U1D_ALGOS"
 CUEQ_KERNEL_CHOICE_VALUE = "2"
 CUEQ_KERNEL_CHOICE_MEASURED = ("0.13.",)  # versions the value was measured with
+# Where cuEquivariance-ops keeps the kernels it compiles with NVRTC at their first call; unset,
+# it keeps none, and every process compiles them again.
+CUEQ_KERNEL_CACHE = "CUEQUIVARIANCE_OPS_NVRTC_CACHE_DIR"
 # Variables read when they are used, not when CUDA starts: setting them in a process where
 # CUDA already runs still works. cuEquivariance-ops reads its kernel choice when it plans an
 # operation: set in-process after CUDA had started, set-up at 13,824 atoms took 5.7 s, as
@@ -111,6 +114,7 @@ SET = (
     *FP64_EMULATION,
     FP64_EMULATION_BITS,
     *REPRODUCIBLE,
+    CUEQ_KERNEL_CACHE,
     *OEQ_BUILD,
     *CHILD_PROCESS,
 )
@@ -412,6 +416,21 @@ def configure_cueq_kernel_choice(
     env = os.environ if environ is None else environ
     set_if_unset(CUEQ_KERNEL_CHOICE, value, "the plan's measured cuEquivariance kernel choice", env)
     return env.get(CUEQ_KERNEL_CHOICE)
+
+
+def configure_cueq_kernel_cache(
+    cache_root: Path, environ: MutableMapping[str, str] | None = None
+) -> str:
+    """Keep the kernels cuEquivariance-ops compiles in the cache root, unless the user chose a
+    directory; set before its first CUDA call. Returns the value in force."""
+    env = os.environ if environ is None else environ
+    set_if_unset(
+        CUEQ_KERNEL_CACHE,
+        str(cache_root / "cueq-nvrtc"),
+        "cuEquivariance's compiled kernels live in the cache root",
+        env,
+    )
+    return env[CUEQ_KERNEL_CACHE]
 
 
 def configure_reproducible(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
