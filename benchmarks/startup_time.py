@@ -27,8 +27,14 @@ import ase.io
 # metadata.json's start-up timings, in the order the phases happen.
 PHASES = (
     "load_s",
+    "load_read_s",
+    "load_convert_s",
+    "load_check_s",
     "gate_s",
     "setup_s",
+    "setup_potential_s",
+    "setup_neighbours_s",
+    "setup_first_forces_s",
     "first_block_s",
     "capture_s",
     "to_first_step_s",

@@ -23,6 +23,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 20  # compile's start-up; TF32 + compile
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 21  # compile: start-up, profile; D3
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 22  # D3 timed longer; compiled profile
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 23  # start-up's parts; NVRTC cache; MH-1
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -274,6 +275,25 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     --atoms 13824 --no-operators --timed-blocks 8 --out "$OUT/profile-compile" \
     > "$OUT/profile-compile.log" 2>&1
   echo "compiled profile 13824: exit $?"
+  ;;
+23)
+  # Issue 11: where the warm start-up's load and set-up go (fm.load's parts, the engine's
+  # set-up parts), with cuEquivariance-ops' NVRTC kernel cache cold and then warm: a fresh
+  # cache root (everything cold, then everything warm), then a fresh kernel directory alone
+  # (descriptors warm, kernels cold, then warm). Then MH-1 compiled with kernel profiles.
+  FASTMACE_CACHE=/tmp/fastmace-cache-23 timeout 200 python3 benchmarks/startup_time.py \
+    --atoms 13824 --steps 100 --timeout-s 95 --out "$OUT/startup-13824" \
+    > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824, fresh cache root: exit $?"
+  FASTMACE_CACHE=/tmp/fastmace-cache-23 CUEQUIVARIANCE_OPS_NVRTC_CACHE_DIR=/tmp/nvrtc-23b \
+    timeout 170 python3 benchmarks/startup_time.py --atoms 13824 --steps 100 --timeout-s 80 \
+    --out "$OUT/startup-13824-nvrtc" > "$OUT/startup-13824-nvrtc.log" 2>&1
+  echo "start-up 13824, fresh NVRTC cache: exit $? ($(ls /tmp/nvrtc-23b 2>/dev/null | wc -l) kernels)"
+  CUEQUIVARIANCE_OPS_U1D_ALGOS=2 timeout 210 python3 benchmarks/md_speed.py \
+    --out "$OUT/speed-mh1" --profile --force-errors --budget-s 190 --case-timeout-s 150 \
+    --only "mh-1/216/fastmace-cueq-compile,mh-1/1728/fastmace-cueq-compile" \
+    > "$OUT/speed-mh1.log" 2>&1
+  echo "MH-1 compiled: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
