@@ -62,12 +62,30 @@ def phase_times(run_directory: Path) -> dict[str, float]:
     return {name: round(timings[name], 3) for name in PHASES if name in timings}
 
 
-def top_functions(profile: Path, count: int = 40) -> list[str]:
+# The files whose functions a profile's summary keeps: FastMACE, mace, the kernel libraries,
+# torch.compile and torch's extension loader.
+PROFILED_FILES = (
+    "fastmace", "mace", "cuequivariance", "openequivariance", "e3nn", "_inductor",
+    "cpp_extension",
+)  # fmt: skip
+
+
+def largest_imports(log: str, count: int = 40) -> list[str]:
+    """The ``count`` slowest imports (cumulative) in ``python -X importtime``'s output."""
+    rows = []
+    for line in log.splitlines():
+        fields = line.removeprefix("import time:").split("|")
+        if line.startswith("import time:") and len(fields) == 3 and fields[1].strip().isdigit():
+            rows.append((int(fields[1]), f"{int(fields[1]) / 1e6:8.2f} s  {fields[2].rstrip()}"))
+    return [text for _, text in sorted(rows, reverse=True)[:count]]
+
+
+def top_functions(profile: Path, count: int = 60) -> list[str]:
     """The ``count`` largest cumulative times of FastMACE, mace and torch.compile functions."""
     stats = pstats.Stats(str(profile))
     rows = []
     for (filename, line, function), row in stats.stats.items():  # type: ignore[attr-defined]
-        if any(key in filename for key in ("fastmace", "mace", "cuequivariance", "_inductor")):
+        if any(key in filename for key in PROFILED_FILES):
             rows.append((row[3], f"{row[3]:8.2f} s  {function}  {filename}:{line}"))
     return [text for _, text in sorted(rows, reverse=True)[:count]]
 
@@ -78,6 +96,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--profile", action="store_true", help="run each child under cProfile")
+    parser.add_argument(
+        "--importtime", action="store_true", help="keep each child's slowest imports"
+    )
     parser.add_argument("--timeout-s", type=float, default=240.0, help="per run")
     parser.add_argument("--extra", nargs="*", default=[], help="more fastmace md options")
     args = parser.parse_args()
@@ -88,6 +109,8 @@ def main() -> None:
     for name in ("cold", "warm"):
         profile = args.out / f"{name}.prof"
         profiler = ["-m", "cProfile", "-o", str(profile)] if args.profile else []
+        if args.importtime:
+            profiler = ["-X", "importtime", *profiler]
         run_directory = args.out / f"run-{name}"
         command = [
             sys.executable, *profiler, "-m", "fastmace", "md",
@@ -102,6 +125,12 @@ def main() -> None:
         except subprocess.TimeoutExpired as expired:
             exit_code, log = None, f"timed out after {args.timeout_s} s\n{expired.stderr or ''}"
         wall = time.perf_counter() - start
+        if args.importtime:
+            imports = largest_imports(log)
+            (args.out / f"{name}-imports.txt").write_text("\n".join(imports) + "\n")
+            log = "\n".join(
+                line for line in log.splitlines() if not line.startswith("import time:")
+            )
         (args.out / f"{name}.log").write_text(log)
         record = {
             "run": name,

@@ -24,6 +24,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 21  # compile: start-up, profile; D3
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 22  # D3 timed longer; compiled profile
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 23  # start-up's parts; NVRTC cache; MH-1
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 24  # start-up profiled; MH-1 and 216
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -294,6 +295,20 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     --only "mh-1/216/fastmace-cueq-compile,mh-1/1728/fastmace-cueq-compile" \
     > "$OUT/speed-mh1.log" 2>&1
   echo "MH-1 compiled: exit $?"
+  ;;
+24)
+  # Where the warm start-up's 11-14 s of model reading and 5 s of first forces go: fastmace md
+  # at 13,824 atoms under cProfile and -X importtime (a cold run fills the caches first). Then
+  # MH-1 at 1,728 atoms and MP-0 medium at 216 atoms compiled, with kernel profiles.
+  FASTMACE_CACHE=/tmp/fastmace-cache-24 timeout 300 python3 benchmarks/startup_time.py \
+    --atoms 13824 --steps 60 --timeout-s 140 --profile --importtime \
+    --out "$OUT/startup-profile" > "$OUT/startup-profile.log" 2>&1
+  echo "start-up profile 13824: exit $?"
+  timeout 230 python3 benchmarks/md_speed.py --out "$OUT/speed-compiled" --profile \
+    --force-errors --budget-s 215 --case-timeout-s 150 \
+    --only "mh-1/1728/fastmace-cueq-compile,mp0-medium/216/fastmace-cueq-compile" \
+    > "$OUT/speed-compiled.log" 2>&1
+  echo "compiled profiles: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
