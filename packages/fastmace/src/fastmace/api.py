@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from fastmace.charges import PerSystemValue
 from fastmace.protocol import PressureSchedule, TemperatureSchedule
 from fastmace.runtime import environment
 from fastmace.structures import Structure
@@ -110,14 +111,34 @@ def _load_planned(
     from fastmace.models.load import load
 
     engine = plan.engine_settings()
-    # Labels and templates of long-range models were refused by fm.md and fm.relax already;
-    # a checkpoint file says its class only once loaded.
-    loaded = load(
+    return load(
         model, download=False, backend=engine.backend, device=engine.device,
         dtype=engine.dtype, seed=seed, **trust,
     )  # fmt: skip
-    _refuse_long_range(model, loaded.description.model_type)
-    return loaded
+
+
+def _load_and_plan(
+    model: str | os.PathLike[str], plan: Plan, *, seed: int = 0, **trust: Any
+) -> tuple[LoadedModel, Plan]:
+    """``model`` loaded as the plan says, and the plan it runs by: a checkpoint file says
+    only once loaded that it is a long-range model (MACE-POLAR-1), whose plan differs (eager,
+    e3nn, a fixed cell), so it is planned again then, and loaded again where the backend or
+    dtype changed. ``trust`` holds fm.load's head, checkpoint, sha256 and trusted."""
+    from dataclasses import replace
+
+    from fastmace.planner import make_plan
+    from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
+
+    loaded = _load_planned(model, plan, seed=seed, **trust)
+    long_range = loaded.description.model_type in LONG_RANGE_MODEL_TYPES
+    if long_range == plan.workload.long_range:
+        return loaded, plan
+    workload = replace(plan.workload, long_range=long_range)
+    replanned = make_plan(workload, plan.config, plan.availability)
+    engine, settings = plan.engine_settings(), replanned.engine_settings()
+    if (engine.backend, engine.dtype) != (settings.backend, settings.dtype):
+        loaded = _load_planned(model, replanned, seed=seed, **trust)
+    return loaded, replanned
 
 
 def _named_model_type(model: object) -> str | None:
@@ -137,21 +158,34 @@ def _named_model_type(model: object) -> str | None:
     return None if entry is None else entry.model_type
 
 
-def _refuse_long_range(model: str | os.PathLike[str], model_type: str | None) -> None:
-    """Refuse a long-range model (MACE-POLAR-1) in the MD engine, saying what to use instead."""
+def _is_long_range(model: object) -> bool:
+    """Whether a label or template names a long-range model (a path: not known yet)."""
     from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
 
-    if model_type not in LONG_RANGE_MODEL_TYPES:
-        return
-    from fastmace.dynamics.potential import UnsupportedModelError  # imports torch: only here
+    return _named_model_type(model) in LONG_RANGE_MODEL_TYPES
 
-    # The engine's step is captured with fixed shapes; PolarMACE's graph is not yet.
-    raise UnsupportedModelError(
-        f"{os.fspath(model)} is a {model_type} (MACE-POLAR-1's long-range model), which "
-        "fm.md, fm.relax and `fastmace md/run/relax` do not support yet: run it through ASE "
-        f"with fm.calculator instead, e.g. atoms.calc = fm.calculator({os.fspath(model)!r}) "
-        "with ASE's MD or optimisers (docs/models.md#mace-polar-1)"
-    )
+
+def _refuse_charge_for_local(
+    model: str | os.PathLike[str], model_type: str | None, charge: Any, spin: Any
+) -> None:
+    """Refuse ``charge=`` or ``spin=`` for a model known to have no long-range part."""
+    from fastmace.charges import refused_for_local_model
+    from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
+
+    if model_type is None or model_type in LONG_RANGE_MODEL_TYPES:
+        return
+    if charge is not None or spin is not None:
+        raise refused_for_local_model(os.fspath(model), "charge" if charge is not None else "spin")
+
+
+def _gated_structure(atoms: ase.Atoms, charge: float | None, spin: float | None) -> ase.Atoms:
+    """The gate's structure with the run's first system's charge and spin in its ``info``,
+    where the reference (mace-torch's own data pipeline) reads them."""
+    if charge is None or spin is None:
+        return atoms
+    atoms = atoms.copy()
+    atoms.info.update(charge=charge, spin=spin)
+    return atoms
 
 
 def md(
@@ -192,6 +226,8 @@ def md(
     reproducible: bool = False,
     dispersion: str | None = None,
     dispersion_functional: str | None = None,
+    charge: PerSystemValue = None,
+    spin: PerSystemValue = None,
     config: EngineConfig | None = None,
     runner: RunnerConfig | None = None,
     temperature_schedule: Any = None,
@@ -242,6 +278,15 @@ def md(
     ``mace_mp(dispersion=True)`` cutoffs) with the parameters of the functional the model's
     head was trained on (the label table's), or of ``dispersion_functional`` (docs/md.md);
     ``dispersion="d3bj-atm"`` adds its three-body (Axilrod-Teller-Muto) term too.
+
+    ``charge`` (total charge in e) and ``spin`` (spin multiplicity 2S + 1: 1 a singlet, 2 a
+    doublet) of each system, one value for all or one per system (replicas count), are read
+    by long-range models (MACE-POLAR-1) only; left out, each structure's
+    ``atoms.info["charge"]`` and ``atoms.info["spin"]`` give them, else a neutral singlet, as
+    mace-torch's calculator reads them. A model without a long-range part refuses them. A
+    long-range model runs eagerly (no CUDA graphs, no torch.compile: its graph keeps only the
+    real edges, a host synchronisation), on e3nn, at a fixed cell: NPT is refused, as its
+    stress leaves out the long-range part (docs/models.md#mace-polar-1).
 
     ``guard`` sets the physical bounds the run must stay within, checked on the device every
     block (docs/md.md): ``None``/``True`` the defaults, ``False`` off, a mapping of bounds or
@@ -311,8 +356,9 @@ def md(
         graphs=graphs, compile=compile, matmul_precision=matmul_precision, guard=guard,
         max_batch_atoms=max_batch_atoms,
     )  # fmt: skip
-    # A label or template of a long-range model is refused first: its file need not be fetched.
-    _refuse_long_range(model, _named_model_type(model))
+    # Charges for a label or template without a long-range part: refused before its file is
+    # looked for.
+    _refuse_charge_for_local(model, _named_model_type(model), charge, spin)
     # Everything that can be checked before a model is loaded or a directory created.
     request = check_request(structure, arguments, runner.environment)
     if gpus is not None and not _in_child_process:
@@ -354,9 +400,8 @@ def md(
         structures, config, ensemble=chosen.name,
         temperature_K=chosen.settings.get("temperature_K"),
         pressure_GPa=_pressure_GPa(chosen.settings), steps=steps, timestep_fs=timestep_fs,
-        reproducible=reproducible, device=device or "auto",
+        reproducible=reproducible, device=device or "auto", long_range=_is_long_range(model),
     )  # fmt: skip
-    engine = plan.engine_settings()
     settings = RunSettings(
         ensemble=chosen,
         steps=steps,
@@ -370,6 +415,8 @@ def md(
         dispersion=dispersion,
         dispersion_functional=dispersion_functional,
         exchange_every=exchange_every,
+        charge=request.charge,
+        spin=request.spin,
     )
     # A resumed request keeps its batches; an explicit limit is checked before anything is
     # loaded; on CUDA, without one, the batches are sized from measured memory (after the load).
@@ -385,12 +432,17 @@ def md(
         sizing = ""
     with _planned_environment(plan):
         tick = time.perf_counter()
-        loaded = _load_planned(
+        loaded, plan = _load_and_plan(
             model, plan, head=head, checkpoint=checkpoint, sha256=sha256, trusted=trusted,
             seed=seed,
         )  # fmt: skip
         phases = {"load_s": time.perf_counter() - tick}  # with conversion and its checks
         phases.update({f"load_{part}": seconds for part, seconds in loaded.timings.items()})
+        engine = plan.engine_settings()
+        from fastmace.simulation import run_charges_and_spins
+
+        # A long-range model's charges and spins, checked before anything is created.
+        charges, spins = run_charges_and_spins(settings, loaded, structures)
         gate, fallbacks = None, []
         if check == "gate":
             tick = time.perf_counter()
@@ -398,8 +450,10 @@ def md(
 
             candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
             checked = reduced_structure(structures[0], units[0])
+            first = (charges[0], spins[0]) if charges and spins else (None, None)
             gated = gate_with_fallback(
-                loaded, checked.atoms, candidates=candidates, environment=runner.environment,
+                loaded, _gated_structure(checked.atoms, *first), candidates=candidates,
+                environment=runner.environment,
                 structure=checked.description, matmul_precision=engine.matmul_precision,
             )  # fmt: skip
             loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
@@ -499,6 +553,8 @@ def relax(
     trusted: bool = False,
     dispersion: str | None = None,
     dispersion_functional: str | None = None,
+    charge: PerSystemValue = None,
+    spin: PerSystemValue = None,
     config: EngineConfig | None = None,
     progress: TextIO | None = None,
 ) -> RelaxResult:
@@ -511,8 +567,10 @@ def relax(
     parameters are ASE's defaults, ``max_step_A`` its largest move per iteration.
 
     ``model``, ``head``, ``checkpoint``, ``sha256``, ``trusted``, ``device``, ``dtype``,
-    ``backend``, ``dispersion``, ``dispersion_functional`` and ``config`` are as for
-    :func:`fm.md <fastmace.api.md>`, and the run is planned the same way: with
+    ``backend``, ``dispersion``, ``dispersion_functional``, ``charge``, ``spin`` and ``config``
+    are as for :func:`fm.md <fastmace.api.md>`, and the run is planned the same way (a
+    long-range model, MACE-POLAR-1, relaxes the positions only: its stress leaves out the
+    long-range part, so ``cell=True`` is refused for it): with
     ``dispersion="d3bj"`` the structure relaxes on the model plus D3(BJ), the force field an MD
     run with the same settings uses. With ``output`` a new directory receives
     ``relaxed.extxyz``, ``relax.csv`` (per block and system: energy, enthalpy, largest force,
@@ -522,7 +580,12 @@ def relax(
     from fastmace.relaxation import Relaxation
     from fastmace.structures import read_structures
 
-    _refuse_long_range(model, _named_model_type(model))
+    model_type = _named_model_type(model)
+    _refuse_charge_for_local(model, model_type, charge, spin)
+    if cell and _is_long_range(model):
+        from fastmace.relaxation import refused_cell_relaxation
+
+        raise refused_cell_relaxation(os.fspath(model), model_type)
     settings = FireSettings(fmax=fmax, cell=cell, pressure_GPa=pressure_GPa, max_step_A=max_step_A)
     if isinstance(steps, bool) or not (isinstance(steps, int) and steps >= 0):
         raise ValueError(f"steps must be a whole number >= 0, got {steps!r}")
@@ -530,14 +593,17 @@ def relax(
     config = engine_config(config, backend=backend, dtype=dtype)
     # Planned as the NVE run of the same systems: device, backend, dtype, graphs, block length
     # and the neighbour list's settings do not depend on the integrator.
-    plan = _plan(structures, config, ensemble="nve", steps=max(steps, 1), device=device or "auto")
+    plan = _plan(
+        structures, config, ensemble="nve", steps=max(steps, 1), device=device or "auto",
+        long_range=_is_long_range(model),
+    )  # fmt: skip
     with _planned_environment(plan):
-        loaded = _load_planned(
+        loaded, plan = _load_and_plan(
             model, plan, head=head, checkpoint=checkpoint, sha256=sha256, trusted=trusted
         )
         relaxation = Relaxation(
             loaded, structures, settings, max_steps=steps, engine=plan.engine_settings(),
             output=output, progress=progress, dispersion=dispersion,
-            dispersion_functional=dispersion_functional,
+            dispersion_functional=dispersion_functional, charge=charge, spin=spin,
         )  # fmt: skip
         return relaxation.run()

@@ -39,12 +39,13 @@ import torch
 from ase.calculators.calculator import Calculator, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
+from fastmace.charges import DEFAULT_CHARGE, DEFAULT_SPIN_MULTIPLICITY
 from fastmace.dynamics.checks import check_structures
 from fastmace.dynamics.dispersion import D3BJ, D3BJParameters, model_dispersion_functional
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
-from fastmace.dynamics.polar import DEFAULT_CHARGE, DEFAULT_SPIN_MULTIPLICITY, is_long_range
+from fastmace.dynamics.polar import is_long_range
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
 from fastmace.models.load import LoadedModel, load

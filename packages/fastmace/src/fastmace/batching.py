@@ -56,7 +56,10 @@ def batch_settings(settings: RunSettings, part: range, n_systems: int) -> RunSet
         for name, value in chosen.settings.items()
     }
     ensemble = dataclasses.replace(chosen, settings=sliced)
-    return dataclasses.replace(settings, ensemble=ensemble, seed=settings.seed + part.start)
+    return dataclasses.replace(
+        settings, ensemble=ensemble, seed=settings.seed + part.start,
+        charge=settings.charge[part.start : part.stop], spin=settings.spin[part.start : part.stop],
+    )  # fmt: skip
 
 
 def batch_output(output: str | Path | None, index: int) -> Path | None:

@@ -159,7 +159,13 @@ def structure_hash(atoms: ase.Atoms) -> str:
     return digest.hexdigest()
 
 
-def structures_record(structures: Sequence[ase.Atoms]) -> list[dict[str, Any]]:
+def structures_record(
+    structures: Sequence[ase.Atoms],
+    charges: Sequence[float] | None = None,
+    spins: Sequence[float] | None = None,
+) -> list[dict[str, Any]]:
+    """Each system: formula, size, cell, hash, and the total charge and spin multiplicity a
+    long-range model ran it with (None for a local model)."""
     return [
         {
             "formula": atoms.get_chemical_formula(),
@@ -167,8 +173,10 @@ def structures_record(structures: Sequence[ase.Atoms]) -> list[dict[str, Any]]:
             "cell": np.asarray(atoms.get_cell()).tolist(),
             "pbc": [bool(p) for p in atoms.get_pbc()],
             "sha256": structure_hash(atoms),
+            "charge": None if charges is None else charges[index],
+            "spin": None if spins is None else spins[index],
         }
-        for atoms in structures
+        for index, atoms in enumerate(structures)
     ]
 
 
@@ -196,6 +204,8 @@ def settings_record(settings: RunSettings, engine: EngineSettings) -> dict[str, 
         ),
         "dispersion": settings.dispersion,
         "dispersion_functional": settings.dispersion_functional,
+        "charge": list(settings.charge) or None,  # as given; per system: "structures"
+        "spin": list(settings.spin) or None,
     }
 
 
@@ -222,6 +232,8 @@ def run_metadata(
     plan: dict[str, Any] | None = None,
     backend_reason: str,
     runner: dict[str, Any] | None = None,
+    charges: Sequence[float] | None = None,
+    spins: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """The whole ``metadata.json`` document.
 
@@ -230,6 +242,8 @@ def run_metadata(
 
     ``runner``: whether the run ran in a child process, and the names of the extra variables
     its child processes got (:func:`fastmace.runner.runner_record`); default: in process.
+
+    ``charges`` and ``spins``: each system's, for a long-range model (None: a local model).
     """
     return {
         "schema_version": SCHEMA_VERSION,
@@ -239,7 +253,7 @@ def run_metadata(
         "software": software(),
         "device": device_record(model.device),
         "model": model_record(model, backend_reason),
-        "structures": structures_record(structures),
+        "structures": structures_record(structures, charges, spins),
         "settings": settings_record(settings, engine_settings),
         "engine": engine,
         "plan": plan,
@@ -303,7 +317,8 @@ def simulation_metadata(
         gate=gate.to_dict() if gate is not None else None,
         plan=plan.to_dict() if plan is not None else None,
         fallbacks=simulation.fallbacks, runner=simulation.runner,
-        backend_reason=backend_reason(simulation),
+        backend_reason=backend_reason(simulation), charges=simulation.charges,
+        spins=simulation.spins,
     )  # fmt: skip
 
 
@@ -425,6 +440,10 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         f"gate:      {gate}",
         f"dispersion: {_dispersion_summary(engine.force_field.dispersion)}",
     ]
+    if simulation.charges is not None and simulation.spins is not None:
+        from fastmace.charges import describe
+
+        lines.append(f"charge:    {describe(simulation.charges, simulation.spins)}")
     if simulation.runner["subprocess"]:
         extra = ", ".join(simulation.runner["environment"]) or "none"
         lines.append(f"runner:    a child process (extra variables: {extra})")

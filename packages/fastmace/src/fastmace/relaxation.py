@@ -22,12 +22,14 @@ import ase.io
 import numpy as np
 from ase.calculators.singlepoint import SinglePointCalculator
 
+from fastmace.charges import PerSystemValue
 from fastmace.dynamics.checks import check_structures
 from fastmace.dynamics.dispersion import DispersionTerm, model_dispersion_functional
 from fastmace.dynamics.engine import Engine, ForceField
 from fastmace.dynamics.integrators.common import cell_volume
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
+from fastmace.dynamics.polar import charge_tensors
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.relax import FireSettings, FireState, fire_init, fire_step
 from fastmace.dynamics.state import State
@@ -90,7 +92,11 @@ class Relaxation:
         progress: TextIO | None = None,
         dispersion: str | None = None,
         dispersion_functional: str | None = None,
+        charge: PerSystemValue = None,
+        spin: PerSystemValue = None,
     ) -> None:
+        """``charge`` and ``spin``: each system's total charge and spin multiplicity for a
+        long-range model (MACE-POLAR-1), as for fm.md (default: ``atoms.info``)."""
         started = time.perf_counter()
         if isinstance(max_steps, bool) or not (isinstance(max_steps, int) and max_steps >= 0):
             raise ValueError(f"max_steps must be a whole number >= 0, got {max_steps!r}")
@@ -100,6 +106,7 @@ class Relaxation:
                 "cell=True relaxes the cell, which needs every structure periodic in x, y and "
                 "z; relax the positions alone (cell=False) for molecules and slabs"
             )
+        self.charges, self.spins = _charges_and_spins(model, structures, settings, charge, spin)
         # Before anything is created: a dispersion the model or structures cannot take.
         self.dispersion_functional = model_dispersion_functional(
             dispersion, dispersion_functional, model, structures
@@ -132,7 +139,7 @@ class Relaxation:
         )
         force_field = ForceField(
             self.potential, neighbours, neighbours.build(state), stress=settings.cell,
-            dispersion=self.dispersion,
+            dispersion=self.dispersion, **charge_tensors(self.charges, self.spins, state.device),
         )  # fmt: skip
         while True:  # the first forces, recomputed until the list fits (as for MD)
             md = fire_init(state, force_field, settings)
@@ -304,7 +311,7 @@ class Relaxation:
             "software": software(),
             "device": device_record(self.model.device),
             "model": model_record(self.model, self.model.backend_reason),
-            "structures": structures_record(self.structures),
+            "structures": structures_record(self.structures, self.charges, self.spins),
             "settings": {"fire": vars(self.settings), "max_steps": self.max_steps},
             "dispersion": self.dispersion.record() if self.dispersion is not None else None,
             "engine": {
@@ -334,3 +341,35 @@ def _claim_output(path: Path) -> Path:
         )
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def refused_cell_relaxation(model: str, model_type: str | None) -> ValueError:
+    """Why a long-range model does not relax a cell, and what to do instead."""
+    return ValueError(
+        f"{model} is a {model_type} (MACE-POLAR-1's long-range model), whose stress (as "
+        "mace-torch computes it) leaves out the long-range part (docs/validation/polar.md), so "
+        "cell=True would relax the cell on the wrong stress: relax the positions alone "
+        "(cell=False), or the cell with another model"
+    )
+
+
+def _charges_and_spins(
+    model: LoadedModel,
+    structures: Sequence[ase.Atoms],
+    settings: FireSettings,
+    charge: PerSystemValue,
+    spin: PerSystemValue,
+) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    """Each system's charge and spin for a long-range model, which relaxes positions only;
+    (None, None) for a local model, which is refused any."""
+    from fastmace.charges import per_system, refused_for_local_model
+    from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
+
+    model_type = model.description.model_type
+    if model_type not in LONG_RANGE_MODEL_TYPES:
+        if charge is not None or spin is not None:
+            raise refused_for_local_model(model.name, "charge" if charge is not None else "spin")
+        return None, None
+    if settings.cell:
+        raise refused_cell_relaxation(model.name, model_type)
+    return per_system(structures, charge, spin)

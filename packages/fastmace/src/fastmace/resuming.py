@@ -12,6 +12,7 @@ settings (device, backend, graphs, block length, guard bounds) are not physics a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +41,13 @@ def physics_record(
     model: LoadedModel,
     n_systems: int,
     dispersion_functional: str | None = None,
+    *,
+    charges: Sequence[float] | None = None,
+    spins: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """What a restart keeps of the run's physics, for :func:`check_resume`;
-    ``dispersion_functional`` is the D3(BJ) parameter set the run resolved (None: no D3)."""
+    ``dispersion_functional`` is the D3(BJ) parameter set the run resolved (None: no D3);
+    ``charges`` and ``spins`` a long-range model's per-system values (None: a local model)."""
     return {
         "ensemble": settings.ensemble.name,
         "ensemble_settings": canonical_settings(settings.ensemble, n_systems),
@@ -58,6 +63,8 @@ def physics_record(
             if dispersion_functional is None
             else f"{settings.dispersion} ({dispersion_functional})"
         ),
+        "charge": None if charges is None else list(charges),
+        "spin": None if spins is None else list(spins),
     }
 
 
@@ -165,7 +172,10 @@ def _differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:
             f"model: saved {saved.get('model')} ({str(saved.get('model_content_hash'))[:12]}), "
             f"requested {requested['model']} ({requested['model_content_hash'][:12]})"
         )
-    names = ("head", "dtype", "seed", "temperature_schedule", "pressure_schedule", "dispersion")
+    names = (
+        "head", "dtype", "seed", "temperature_schedule", "pressure_schedule", "dispersion",
+        "charge", "spin",
+    )  # fmt: skip
     for name in names:
         if saved.get(name) != requested.get(name):  # older restarts lack the newer: None
             found.append(f"{name}: saved {saved.get(name)}, requested {requested.get(name)}")

@@ -46,6 +46,12 @@ class RunSettings:
     exchange_every: int = 0
     """Replica exchange: swap temperatures between neighbouring rungs every this many steps
     (0: never); the systems' ascending ``temperature_K`` are the ladder."""
+    charge: tuple[float, ...] = ()
+    """Each system's total charge in e, read by a long-range model (MACE-POLAR-1) only; empty:
+    each structure's ``atoms.info["charge"]``, else neutral (:mod:`fastmace.charges`)."""
+    spin: tuple[float, ...] = ()
+    """Each system's spin multiplicity 2S + 1, as ``charge``; empty: ``atoms.info["spin"]``,
+    else a singlet."""
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:

@@ -31,6 +31,7 @@ from fastmace.dynamics.integrators import maxwell_boltzmann_velocities, random_s
 from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
+from fastmace.dynamics.polar import charge_tensors
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.replica_exchange import ReplicaExchange
 from fastmace.dynamics.state import State
@@ -90,6 +91,8 @@ class Simulation:
         check_structures(structures, model.description.atomic_numbers)
         # Before anything is created: a dispersion the model or structure cannot take is refused.
         self.dispersion_functional = run_dispersion_functional(settings, model, structures)
+        # Each system's total charge and spin multiplicity (None: a local model reads none).
+        self.charges, self.spins = run_charges_and_spins(settings, model, structures)
         self.model = model
         self.settings = settings
         self.block_steps = settings.block_steps_for(self.engine_settings.block_steps)
@@ -99,7 +102,10 @@ class Simulation:
         self.start_step = 0
         self.start_time_fs = 0.0
         state = State.from_atoms(list(structures), device=model.device)
-        self.physics = physics_record(settings, model, state.n_systems, self.dispersion_functional)
+        self.physics = physics_record(
+            settings, model, state.n_systems, self.dispersion_functional,
+            charges=self.charges, spins=self.spins,
+        )  # fmt: skip
         if resume:  # before the run directory is cut back to its restart: a refusal changes nothing
             self._check_resume(output, state)
         # One stream per system from the seed (system s: seed + s), for the velocities and then
@@ -147,6 +153,7 @@ class Simulation:
             force_field = ForceField(
                 self.potential, neighbours, edges, stress=settings.ensemble.needs_stress,
                 dispersion=self._dispersion(state),
+                **charge_tensors(self.charges, self.spins, state.device),
             )  # fmt: skip
             tick = time.perf_counter()
             md = self._initial_md(state, force_field)
@@ -536,6 +543,22 @@ class Simulation:
             f"--output {directory.path} --resume, or fm.md(..., resume=True)) with a smaller "
             f"timestep{raised}"
         )
+
+
+def run_charges_and_spins(
+    settings: RunSettings, model: LoadedModel, structures: Sequence[ase.Atoms]
+) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    """Each system's total charge and spin multiplicity for a long-range model: the settings'
+    where given, else the structures' ``atoms.info``, else a neutral singlet (None, None for
+    a local model, which is refused charges and spins it would not read)."""
+    from fastmace.charges import per_system, refused_for_local_model
+    from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
+
+    if model.description.model_type not in LONG_RANGE_MODEL_TYPES:
+        if settings.charge or settings.spin:
+            raise refused_for_local_model(model.name, "charge" if settings.charge else "spin")
+        return None, None
+    return per_system(structures, settings.charge or None, settings.spin or None)
 
 
 def _state_from_restart(state: State, payload: dict[str, Any]) -> State:

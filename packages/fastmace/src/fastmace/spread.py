@@ -110,7 +110,7 @@ def part_arguments(
     their own: replicas and repeats already made): per-system values sliced, the seed moved so
     that each system keeps its stream, the part's own run directory."""
     chosen = dict(arguments)
-    for name in (*ENSEMBLE_SETTINGS, "initial_temperature_K"):
+    for name in (*ENSEMBLE_SETTINGS, "initial_temperature_K", "charge", "spin"):
         value = chosen.get(name)
         if is_per_system(value, n_systems):
             chosen[name] = list(value)[part.start : part.stop]

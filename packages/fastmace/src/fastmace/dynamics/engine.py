@@ -45,7 +45,7 @@ from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import ComputeFn, ForceResult, MDState, RandomStreams
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
-from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.potential import Potential, PotentialOutput
 from fastmace.dynamics.state import State
 
 StepFn = Callable[[MDState, ComputeFn], MDState]
@@ -75,6 +75,10 @@ class ForceField:
     others only check the skin, marking the list `stale` if it may miss a pair. With a
     ``dispersion`` term, its energy, forces and stress are added, on a list of its own kept
     valid the same way but searched less often (``dispersion_search_now``).
+
+    ``charge`` and ``spin`` are the systems' (S,) total charges and spin multiplicities, given
+    to the potential at every call: a long-range model (MACE-POLAR-1) reads them, a local one
+    does not (None: a neutral singlet).
     """
 
     def __init__(
@@ -86,10 +90,13 @@ class ForceField:
         *,
         search_every: int = DEFAULT_SEARCH_EVERY,
         dispersion: DispersionTerm | None = None,
+        charge: torch.Tensor | None = None,
+        spin: torch.Tensor | None = None,
     ) -> None:
         if search_every < 1:
             raise ValueError(f"search_every must be at least 1, got {search_every}")
         self.dispersion = dispersion  # D3(BJ) and its own list, or None
+        self.charge, self.spin = charge, spin
         self.potential = potential
         self.neighbours = neighbours
         self.edges = edges
@@ -100,7 +107,7 @@ class ForceField:
 
     def __call__(self, state: State) -> ForceResult:
         self.edges = self._kept_valid(self.neighbours, self.edges, state)
-        out = self.potential(state, self.model_edges(state), compute_stress=self.stress)
+        out = self._potential(state, self.stress)
         energy, forces, stress = out.energy, out.forces, out.stress if self.stress else None
         term = self.dispersion
         if term is not None:  # an extra energy term on its own, longer list
@@ -130,10 +137,17 @@ class ForceField:
 
     def stress_at(self, state: State) -> torch.Tensor:
         """(S, 3, 3) stress of every term on the current lists; for output, outside the step."""
-        stress = self.potential(state, self.model_edges(state), compute_stress=True).stress
+        stress = self._potential(state, True).stress
         if self.dispersion is not None:
             stress = stress + self.dispersion.d3(state, self.dispersion.edges, True).stress
         return stress
+
+    def _potential(self, state: State, stress: bool) -> PotentialOutput:
+        """The model on the current list's pairs within its cutoff, for the systems' charges."""
+        return self.potential(
+            state, self.model_edges(state), compute_stress=stress, charge=self.charge,
+            spin=self.spin,
+        )  # fmt: skip
 
     def lists(self) -> list[tuple[NeighbourList, Edges]]:
         """Every neighbour list with its edges: the model's first, then the dispersion's."""

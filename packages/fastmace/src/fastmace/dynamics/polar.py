@@ -25,6 +25,7 @@ out of the stress.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -32,10 +33,6 @@ from fastmace.dynamics.edges import per_system_matmul, systems_of
 from fastmace.dynamics.state import State
 from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
 
-# mace-torch's defaults (``AtomicData.from_config``): neutral, and a singlet: total_spin is
-# the spin multiplicity 2S + 1, read from ``atoms.info["spin"]``.
-DEFAULT_CHARGE = 0.0
-DEFAULT_SPIN_MULTIPLICITY = 1.0
 # mace-torch's long axis for a non-periodic direction: (max |position| + 1) * 5 * r_max.
 _OPEN_AXIS_FACTOR = 5.0
 
@@ -65,6 +62,19 @@ def per_system_values(
     if tensor.numel() != n_systems:
         raise ValueError(f"{name} has {tensor.numel()} values for {n_systems} systems")
     return tensor
+
+
+def charge_tensors(
+    charges: Sequence[float] | None, spins: Sequence[float] | None, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """A ForceField's ``charge`` and ``spin``: (S,) float64 tensors on ``device``, made once
+    per run (none for a local model, which reads neither)."""
+    if charges is None or spins is None:
+        return {}
+    return {
+        "charge": torch.tensor(charges, dtype=torch.float64, device=device),
+        "spin": torch.tensor(spins, dtype=torch.float64, device=device),
+    }
 
 
 def long_range_cell(state: State, r_max: float) -> torch.Tensor:

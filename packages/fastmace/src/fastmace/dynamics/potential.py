@@ -37,6 +37,7 @@ import ase
 import numpy as np
 import torch
 
+from fastmace.charges import DEFAULT_CHARGE, DEFAULT_SPIN_MULTIPLICITY
 from fastmace.dynamics.edges import (
     Edges,
     edge_vectors,
@@ -47,8 +48,6 @@ from fastmace.dynamics.edges import (
 from fastmace.dynamics.module_copy import weight_sharing_copy
 from fastmace.dynamics.pair_radials import pair_shared_model
 from fastmace.dynamics.polar import (
-    DEFAULT_CHARGE,
-    DEFAULT_SPIN_MULTIPLICITY,
     LONG_RANGE_MODEL_TYPES,
     PerSystem,
     is_long_range,

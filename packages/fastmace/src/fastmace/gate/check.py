@@ -25,6 +25,7 @@ import ase.io
 import numpy as np
 import torch
 
+from fastmace.charges import per_system
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
@@ -113,7 +114,9 @@ def _plan_values(
     # from a list planned for this structure, so they fit.
     edges = neighbours.cutoff_edges(state, neighbours.build(state))
     periodic = bool(atoms.pbc.all())
-    out = potential(state, edges, compute_stress=periodic)
+    # A long-range model's charge and spin from the structure, as the reference reads them.
+    charges, spins = per_system([atoms]) if potential.long_range else (None, None)
+    out = potential(state, edges, compute_stress=periodic, charge=charges, spin=spins)
     values = {
         "energy": np.array(float(out.energy.sum())),
         "forces": out.forces.detach().cpu().numpy(),

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from fastmace.models.checkpoint import contained, import_mace, model_device, model_dtype
+from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,9 @@ def evaluate(
     dtype = model_dtype(model)
     with contained():
         torch.set_default_dtype(dtype)  # mace's data pipeline builds tensors in the default dtype
-        config = mace_data.config_from_atoms(atoms, head_name=head_name)
+        config = mace_data.config_from_atoms(
+            atoms, key_specification=_key_specification(model), head_name=head_name
+        )
         graph = mace_data.AtomicData.from_config(
             config,
             z_table=AtomicNumberTable([int(z) for z in model.atomic_numbers]),
@@ -55,6 +58,16 @@ def evaluate(
     if want_stress and output.get("stress") is not None:
         stress_out = output["stress"].detach().to("cpu", torch.float64).numpy().reshape(3, 3)
     return Evaluation(energy, forces, stress_out)
+
+
+def _key_specification(model: torch.nn.Module) -> object:
+    """What mace-torch's data pipeline reads from ``atoms.info``: for a long-range model the
+    total charge and spin multiplicity, under the keys mace-torch's calculator reads them."""
+    from mace.data import KeySpecification
+
+    if type(model).__name__ not in LONG_RANGE_MODEL_TYPES:
+        return KeySpecification()
+    return KeySpecification(info_keys={"total_charge": "charge", "total_spin": "spin"})
 
 
 def check_structure(atomic_numbers: tuple[int, ...], seed: int = 0) -> ase.Atoms:

@@ -63,6 +63,17 @@ COMPILE_SAVING_MS_PER_ATOM = 0.40e-3
 COMPILE_COST_S = 30.0
 COMPILE_PAYBACK = 3.0
 COMPILE_MEASURED = "H200, MP-0 medium, cuEq: about 0.67 ms + 0.40 µs per atom saved per step"
+# MACE-POLAR-1 (PolarMACE): why its step is neither captured nor compiled, and its backend.
+LONG_RANGE_EAGER_REASON = (
+    "rule: a long-range model (MACE-POLAR-1) runs eagerly: its graph keeps only the real "
+    "edges (boolean indexing, a host synchronisation), so its step cannot be captured in a "
+    "CUDA graph, nor compiled (docs/models.md#mace-polar-1)"
+)
+LONG_RANGE_COMPILE_REASON = "rule: a long-range model (MACE-POLAR-1) runs uncompiled, as eagerly"
+LONG_RANGE_BACKEND_REASON = (
+    "rule: a long-range model (MACE-POLAR-1) runs on e3nn, where its long-range part is "
+    "checked against mace-torch (docs/validation/polar.md)"
+)
 CPU_BACKEND_REASON = (
     "measured: on the CPU e3nn beats cuEquivariance's CPU fallback (benchmark dry run, mp0-small "
     "on 64 atoms: e3nn 350 ms vs cuEq 729 ms per step); OEq and hybrid need CUDA"
@@ -80,9 +91,9 @@ def make_plan(
     """
     config = EngineConfig() if config is None else config
     device = _device(workload, availability)
-    backend = _backend(config, availability, device.value)
+    backend = _backend(config, availability, device.value, workload.long_range)
     dtype = _dtype(workload, config, device.value)
-    graphs = _graphs(config, device.value)
+    graphs = _graphs(config, device.value, workload.long_range)
     matmul = _matmul_precision(config, device.value, dtype.value)
     emulation = _fp64_emulation(config, device.value, dtype.value)
     segments = _expandable_segments(config, availability, device.value)
@@ -145,7 +156,9 @@ def _device(workload: Workload, found: Availabilities) -> Decision:
     return Decision("device", "cpu", f"auto: {why}, so the CPU", AVAILABILITY)
 
 
-def _backend(config: EngineConfig, found: Availabilities, device: str) -> Decision:
+def _backend(
+    config: EngineConfig, found: Availabilities, device: str, long_range: bool = False
+) -> Decision:
     if config.backend is not None:
         status = found.backend(config.backend, device)
         if not status.available:
@@ -159,6 +172,8 @@ def _backend(config: EngineConfig, found: Availabilities, device: str) -> Decisi
             f"{_forced('backend', config.backend)} ({status.reason})",
             FORCED,
         )
+    if long_range:
+        return Decision("backend", CPU_BACKEND, LONG_RANGE_BACKEND_REASON, RULE)
     if device == "cpu":
         return Decision("backend", CPU_BACKEND, CPU_BACKEND_REASON, MEASURED)
     skipped = []
@@ -219,14 +234,21 @@ def _matmul_precision(config: EngineConfig, device: str, dtype: str) -> Decision
     return Decision("matmul_precision", forced, _forced("matmul_precision", forced), FORCED)
 
 
-def _graphs(config: EngineConfig, device: str) -> Decision:
+def _graphs(config: EngineConfig, device: str, long_range: bool = False) -> Decision:
     if config.graphs is not None:
         if config.graphs and device != "cuda":
             raise PlanError(
                 "EngineConfig(graphs=True) needs a CUDA device, but the plan runs on the CPU; "
                 "leave graphs=None or run on a GPU"
             )
+        if config.graphs and long_range:
+            raise PlanError(
+                "EngineConfig(graphs=True) cannot be honoured: "
+                f"{LONG_RANGE_EAGER_REASON.removeprefix('rule: ')}; leave graphs=None"
+            )
         return Decision("graphs", config.graphs, _forced("graphs", config.graphs), FORCED)
+    if long_range:
+        return Decision("graphs", False, LONG_RANGE_EAGER_REASON, RULE)
     if device == "cuda":
         return Decision("graphs", True, "rule: on CUDA, one graph launch per block of K steps")
     return Decision("graphs", False, "rule: CUDA graphs need CUDA")
@@ -242,7 +264,14 @@ def _compile(
     workload: Workload, config: EngineConfig, device: str, backend: str, dtype: str
 ) -> Decision:
     if config.compile is not None:
+        if config.compile and workload.long_range:
+            raise PlanError(
+                "EngineConfig(compile=True) cannot be honoured: "
+                f"{LONG_RANGE_EAGER_REASON.removeprefix('rule: ')}; leave compile=None"
+            )
         return Decision("compile", config.compile, _forced("compile", config.compile), FORCED)
+    if workload.long_range:
+        return Decision("compile", False, LONG_RANGE_COMPILE_REASON, RULE)
     if device != "cuda" or backend != "cueq" or dtype != "float32":
         return Decision(
             "compile",

@@ -82,6 +82,9 @@ class Workload:
     """"cuda", "cpu" or "auto" (the GPU where there is one)."""
     model_dtype: str = "float64"
     """The checkpoint's own dtype (``LoadedModel.description.dtype``): the CPU default."""
+    long_range: bool = False
+    """The model has a long-range part (MACE-POLAR-1's PolarMACE): it runs eagerly, on e3nn,
+    and only at a fixed cell (its stress leaves out the long-range part)."""
 
     def __post_init__(self) -> None:
         atoms = tuple(self.atoms_per_system)
@@ -112,8 +115,9 @@ class Workload:
                 f"timestep_fs={self.timestep_fs!r} is not allowed: give a timestep in "
                 f"(0, {MAX_TIMESTEP_FS:g}] fs"
             )
-        if not isinstance(self.reproducible, bool):
-            raise ValueError(f"reproducible={self.reproducible!r} is not allowed: use True/False")
+        for name in ("reproducible", "long_range"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: use True/False")
         _choice("precision", self.precision, PRECISIONS)
         _choice("device", self.device, DEVICES)
         _choice("model_dtype", self.model_dtype, DTYPES)
@@ -134,6 +138,13 @@ class Workload:
                 raise ValueError(f"the {self.ensemble} ensemble takes no pressure (pressure_GPa)")
             if not _number(self.pressure_GPa):
                 raise ValueError(f"pressure_GPa={self.pressure_GPa!r} is not a number")
+        if takes_pressure(self.ensemble) and self.long_range:
+            # mace-torch's PolarMACE strains the local edges only (docs/validation/polar.md).
+            raise ValueError(
+                f"the {self.ensemble} ensemble moves the cell by the stress, and a long-range "
+                "model's stress (MACE-POLAR-1, as mace-torch computes it) leaves out its "
+                "long-range part: run it at a fixed cell (nve, nvt, nvt-csvr, nvt-nose-hoover)"
+            )
         if takes_pressure(self.ensemble) and not all(all(p) for p in self.periodicity):
             raise ValueError(
                 "the npt ensemble needs every system periodic in x, y and z; "
@@ -154,6 +165,7 @@ class Workload:
         precision: str = "auto",
         device: str = "auto",
         model_dtype: str = "float64",
+        long_range: bool = False,
     ) -> Workload:
         """The Workload of one ``ase.Atoms`` or a sequence of them (read, not modified).
 
@@ -178,6 +190,7 @@ class Workload:
             precision=precision,
             device=device,
             model_dtype=model_dtype,
+            long_range=long_range,
         )
 
     @property

@@ -18,6 +18,7 @@ from typing import Any
 
 import ase
 
+from fastmace.charges import ChargeSpinError, check_given, given_per_system
 from fastmace.dynamics.checks import StructureError, check_structures
 from fastmace.planner.guard import GuardConfig
 from fastmace.preflight.ensemble import (
@@ -52,6 +53,10 @@ class CheckedRequest:
     """With ``repeat`` applied: what runs."""
     ensemble: str
     """The canonical ensemble name."""
+    charge: tuple[float, ...] = ()
+    """``charge=`` as one value per system (empty when not given: each structure's own)."""
+    spin: tuple[float, ...] = ()
+    """``spin=`` as one value per system (empty when not given)."""
 
 
 def check_arguments(arguments: Mapping[str, Any], look: bool = True) -> str:
@@ -87,6 +92,10 @@ def check_arguments(arguments: Mapping[str, Any], look: bool = True) -> str:
             GuardConfig.coerce(arguments["guard"])
         except (TypeError, ValueError) as error:  # as a request's error: names the config file
             raise RequestError(str(error), "guard") from None
+    try:
+        check_given(arguments.get("charge"), arguments.get("spin"))
+    except ChargeSpinError as error:
+        raise RequestError(str(error), error.setting) from None
     settings = {name: arguments.get(name) for name in ENSEMBLE_SETTINGS}
     name = arguments.get("ensemble", DEFAULT_ENSEMBLE)
     for kind, setting in (
@@ -231,4 +240,15 @@ def check_request(
     initial = arguments.get("initial_temperature_K")
     check_fits_structures(ensemble, settings, structures, initial, resume)
     check_run_directory(arguments.get("output"), resume, arguments.get("steps"))
-    return CheckedRequest(units, structures, ensemble)
+    charge, spin = check_charge_and_spin(arguments, len(structures))
+    return CheckedRequest(units, structures, ensemble, charge, spin)
+
+
+def check_charge_and_spin(
+    arguments: Mapping[str, Any], n_systems: int
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``charge=`` and ``spin=`` as one value per system each (empty where not given)."""
+    try:
+        return given_per_system(n_systems, arguments.get("charge"), arguments.get("spin"))
+    except ChargeSpinError as error:
+        raise RequestError(str(error), error.setting) from None
