@@ -27,7 +27,6 @@ pytest.importorskip(
 )
 
 import fastmace as fm
-from fastmace.dynamics.potential import UnsupportedModelError
 from fastmace.models.load import LoadedModel
 
 
@@ -161,21 +160,4 @@ def test_auto_backend_is_e3nn(polar64: LoadedModel) -> None:
     assert "PolarMACE" in polar64.backend_reason
 
 
-def test_md_engine_refuses_polar_with_a_clear_error(tmp_path) -> None:
-    atoms = copper_oxide()
-    for call in (
-        lambda: fm.md(atoms, model="template:polar-tiny", ensemble="nve", steps=2),
-        lambda: fm.relax(atoms, model="template:polar-tiny", steps=2),
-        # A label is refused before its file is looked for (none is fetched here).
-        lambda: fm.md(atoms, model="polar-1", steps=2, output=tmp_path / "run"),
-    ):
-        with pytest.raises(UnsupportedModelError, match=r"not support yet.*fm\.calculator"):
-            call()
-    assert not (tmp_path / "run").exists()
-
-
-def test_md_engine_refuses_a_polar_file_after_loading_it(tmp_path) -> None:
-    path = tmp_path / "polar.model"
-    torch.save(fm.load("template:polar-tiny").reference, path)
-    with pytest.raises(UnsupportedModelError, match=r"PolarMACE.*fm\.calculator"):
-        fm.md(copper_oxide(), model=path, trusted=True, ensemble="nve", steps=2)
+# fm.md, fm.relax and fastmace md with a PolarMACE: test_polar_md.py.

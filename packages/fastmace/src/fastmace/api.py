@@ -134,7 +134,7 @@ def _load_and_plan(
     if long_range == plan.workload.long_range:
         return loaded, plan
     workload = replace(plan.workload, long_range=long_range)
-    replanned = make_plan(workload, plan.config, plan.availability)
+    replanned = make_plan(workload, plan.config, plan.availabilities)
     engine, settings = plan.engine_settings(), replanned.engine_settings()
     if (engine.backend, engine.dtype) != (settings.backend, settings.dtype):
         loaded = _load_planned(model, replanned, seed=seed, **trust)
@@ -466,6 +466,13 @@ def md(
                 largest = max(len(atoms) for atoms in structures)
                 parts = _batches(structures, budget.max_atoms(largest), exchange_every)
                 sizing = budget.describe(largest)
+        if charges is not None:  # a long-range model: no batch mixes open and periodic
+            from fastmace.batching import OPEN_APART, open_systems, split_open_from_periodic
+
+            is_open = open_systems([atoms.pbc for atoms in structures])
+            split = split_open_from_periodic(parts, is_open)
+            if len(split) > len(parts):
+                parts, sizing = split, f"{sizing} {OPEN_APART}".strip()
         if len(parts) == 1:
             from fastmace.dynamics.exchange_group import ExchangeGroup
 

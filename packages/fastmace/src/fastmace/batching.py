@@ -47,6 +47,44 @@ def split_into_batches(atom_counts: Sequence[int], max_atoms: int) -> list[range
     return batches
 
 
+# Why a long-range model's open molecules run apart from the request's other systems.
+OPEN_APART = (
+    "A long-range model (MACE-POLAR-1) runs open molecules in batches of their own: "
+    "graph-longrange sums a batch with any periodic system in k-space, which gives a molecule "
+    "another energy than mace-torch's calculator gives it alone (measured: 2 to 26 meV, "
+    "docs/validation/polar.md)."
+)
+
+
+def open_systems(pbc: Sequence[Sequence[bool]]) -> list[bool]:
+    """Which systems have no periodic direction at all (graph-longrange sums a batch of
+    only such systems in real space, and any other batch in k-space)."""
+    return [not any(bool(flag) for flag in flags) for flags in pbc]
+
+
+def check_open_apart(pbc: Sequence[Sequence[bool]]) -> None:
+    """Refuse a long-range model's batch that mixes open molecules with periodic systems."""
+    if len(set(open_systems(pbc))) > 1:
+        raise BatchError(
+            f"this batch mixes open molecules with periodic systems. {OPEN_APART} Run them as "
+            "separate batches (fm.md does so by itself)"
+        )
+
+
+def split_open_from_periodic(parts: Sequence[range], is_open: Sequence[bool]) -> list[range]:
+    """``parts`` cut further wherever the systems change between open and (partly)
+    periodic, so that no batch mixes the two (a long-range model's rule: ``OPEN_APART``)."""
+    split: list[range] = []
+    for part in parts:
+        start = part.start
+        for index in range(part.start + 1, part.stop):
+            if is_open[index] != is_open[index - 1]:
+                split.append(range(start, index))
+                start = index
+        split.append(range(start, part.stop))
+    return split
+
+
 def batch_settings(settings: RunSettings, part: range, n_systems: int) -> RunSettings:
     """``settings`` for the systems in ``part``: per-system values sliced, and the seed moved
     so that each system keeps its stream (system s of the request draws from seed + s)."""

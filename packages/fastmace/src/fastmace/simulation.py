@@ -21,6 +21,7 @@ from typing import Any, TextIO
 import ase
 import torch
 
+from fastmace.batching import check_open_apart
 from fastmace.dynamics.checks import check_structures
 from fastmace.dynamics.dispersion import DispersionTerm, run_dispersion_functional
 from fastmace.dynamics.engine import Engine, ForceField, generators_of, tensors_of
@@ -93,6 +94,8 @@ class Simulation:
         self.dispersion_functional = run_dispersion_functional(settings, model, structures)
         # Each system's total charge and spin multiplicity (None: a local model reads none).
         self.charges, self.spins = run_charges_and_spins(settings, model, structures)
+        if self.charges is not None:
+            check_open_apart([atoms.pbc for atoms in structures])
         self.model = model
         self.settings = settings
         self.block_steps = settings.block_steps_for(self.engine_settings.block_steps)

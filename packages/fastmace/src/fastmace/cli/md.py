@@ -39,14 +39,14 @@ RUN_KEYS = (
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
     "block_steps", "skin_A", "graphs", "compile", "matmul_precision", "resume", "check", "guard",
     "temperature_schedule", "pressure_schedule",
-    "dispersion", "dispersion_functional",
+    "dispersion", "dispersion_functional", "charge", "spin",
 )  # fmt: skip
 # Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
 RUNNER_KEYS = ("subprocess", "environment")
 # A run config's [[systems]] tables: a structure each, and the settings that may differ.
 PER_SYSTEM_KEYS = (
     "temperature_K", "friction_per_ps", "tau_fs", "pressure_GPa", "pressure_bar",
-    "thermostat_tau_fs", "barostat_tau_fs", "compressibility_per_GPa",
+    "thermostat_tau_fs", "barostat_tau_fs", "compressibility_per_GPa", "charge", "spin",
 )  # fmt: skip
 
 
@@ -65,6 +65,17 @@ def _temperatures(text: str) -> float | list[float]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--temperature takes K or K1,K2,... (one per system), got {text!r}"
+        ) from None
+    return values[0] if len(values) == 1 else values
+
+
+def _per_system_numbers(flag: str, text: str) -> float | list[float]:
+    """``1`` or one number per system, ``0,1,-1`` (--charge, --spin)."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{flag} takes a number or one per system (N1,N2,...), got {text!r}"
         ) from None
     return values[0] if len(values) == 1 else values
 
@@ -269,6 +280,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "off (default: on, with the bounds of docs/md.md)",
     )  # fmt: skip
     add_dispersion_options(md)
+    add_charge_options(md)
     md.add_argument(
         "--check", action="store_const", const="gate", dest="check",
         help="compare with mace-torch's float64 model on the structure before running",
@@ -300,6 +312,21 @@ def add_dispersion_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dispersion-functional", dest="dispersion_functional",
         help="D3(BJ) parameters of this functional (pbe, r2scan, ...) instead of the model's",
+    )  # fmt: skip
+
+
+def add_charge_options(parser: argparse.ArgumentParser) -> None:
+    """--charge and --spin, the same for fastmace md and fastmace relax."""
+    parser.add_argument(
+        "--charge", type=lambda text: _per_system_numbers("--charge", text), metavar="Q",
+        help="total charge in e of each system, for long-range models (MACE-POLAR-1) only; "
+        "Q1,Q2,... gives one per system (default: the structure's info 'charge', else 0)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--spin", type=lambda text: _per_system_numbers("--spin", text), metavar="M",
+        help="spin multiplicity 2S + 1 of each system (1 singlet, 2 doublet), for long-range "
+        "models only; M1,M2,... gives one per system (default: the structure's info 'spin', "
+        "else 1)",
     )  # fmt: skip
 
 
