@@ -564,6 +564,20 @@ IMPOSSIBLE = [
         EVERYTHING,
         ["precision='float64'", "dtype='float32'"],
     ),
+    (
+        "graphs-forced-for-a-long-range-model",
+        {"long_range": True},
+        EngineConfig(graphs=True),
+        EVERYTHING,
+        ["graphs=True) cannot be honoured", "host synchronisation", "leave graphs=None"],
+    ),
+    (
+        "compile-forced-for-a-long-range-model",
+        {"long_range": True},
+        EngineConfig(compile=True),
+        EVERYTHING,
+        ["compile=True) cannot be honoured", "host synchronisation", "leave compile=None"],
+    ),
 ]
 
 
@@ -574,6 +588,21 @@ def test_impossible_settings_raise_with_the_reason(case: tuple) -> None:
         make_plan(workload(**changes), config, found)
     for word in words:
         assert word in str(error.value)
+
+
+def test_a_long_range_model_runs_eagerly_on_e3nn_even_on_a_gpu() -> None:
+    # A run long enough that a local model's plan would compile it on cuEq.
+    plan = make_plan(workload(long_range=True, steps=10_000_000), None, EVERYTHING)
+    backend, graphs, compiled = (plan.decision(n) for n in ("backend", "graphs", "compile"))
+    assert (backend.value, backend.source) == ("e3nn", "rule")
+    assert "long-range" in backend.reason and "docs/validation/polar.md" in backend.reason
+    assert graphs.value is False and "host synchronisation" in graphs.reason
+    assert compiled.value is False and "long-range" in compiled.reason
+    assert plan.fallbacks == ()  # no slower backend, and nothing captured to give up
+    settings = plan.engine_settings()
+    assert (settings.backend, settings.graphs, settings.compile) == ("e3nn", False, False)
+    local = make_plan(workload(steps=10_000_000), None, EVERYTHING)
+    assert (local.backend, local.decision("compile").value) == ("cueq", True)
 
 
 # -- fallbacks --------------------------------------------------------------------------------
@@ -694,6 +723,11 @@ def test_engine_config_rejects_bad_values(settings: dict, words: str) -> None:
         ({"device": "gpu"}, "device='gpu'"),
         ({"reproducible": "yes"}, "reproducible='yes'"),
         ({"periodic": ((True, True),)}, "one (x, y, z) triple"),
+        ({"long_range": "yes"}, "long_range='yes'"),
+        (
+            {"ensemble": "npt", "pressure_GPa": 0.0, "long_range": True},
+            "leaves out its long-range part",
+        ),
     ],
 )
 def test_workload_rejects_bad_values(changes: dict, words: str) -> None:

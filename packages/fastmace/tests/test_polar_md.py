@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from ase.build import bulk
+from ase.neighborlist import neighbor_list
 
 pytest.importorskip(
     "graph_longrange",
@@ -39,10 +40,11 @@ from fastmace.simulation import RunSettings, Simulation
 EPSILONS = 1000 * torch.finfo(torch.float64).eps
 # The NVE run's bounds (docs/validation/polar.md): 8 Cu atoms of a charged cell (+1 e, a
 # doublet) from 300 K, 400 steps of 1 fs, float64 model. Velocity Verlet's total energy
-# fluctuates by O(dt²) without drifting; measured: fluctuation 2.6e-8 eV/atom, drift 4.9e-8
+# fluctuates by O(dt²) without drifting; measured: fluctuation 2.4e-8 eV/atom, drift 1.8e-8
 # eV/atom/ps. The bounds are about a hundred times those and over a thousand times below the
-# kinetic energy per atom (0.014 eV on average), so a force that is not the energy's
-# gradient (a charge missing from one call, a stale or wrong neighbour list) fails them.
+# kinetic energy per atom (0.015 eV on average), so a force that is not the energy's
+# gradient (a charge missing from one call, a stale or wrong neighbour list, a jump where a
+# pair crosses the cutoff) fails them.
 MAX_FLUCTUATION_EV_PER_ATOM = 2.5e-6
 MAX_DRIFT_EV_PER_ATOM_PER_PS = 5e-6
 
@@ -164,15 +166,17 @@ def test_a_batch_never_mixes_open_molecules_with_periodic_systems(
 
 
 def test_nve_conserves_energy_across_neighbour_list_rebuilds(tmp_path) -> None:
-    # Seed 2's template holds this charged fcc cell together (seed 0's lets it collapse).
-    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 1, 1))
+    # Seed 2's template holds this charged fcc cell together (seed 0's lets it collapse); at
+    # a = 3.95 Å the second neighbours vibrate across the cutoff (4 Å), so pairs enter and
+    # leave the model's graph during the run.
+    atoms = bulk("Cu", "fcc", a=3.95, cubic=True).repeat((2, 1, 1))
     atoms.rattle(stdev=0.02, seed=1)
     atoms.info.update(charge=1, spin=2)
     run = tmp_path / "run"
     fm.md(
         atoms, model="template:polar-tiny", dtype="float64", ensemble="nve", steps=400,
         timestep_fs=1.0, seed=2, initial_temperature_K=300, thermo_every=10,
-        trajectory_every=0, output=run, skin_A=0.01,
+        trajectory_every=10, output=run, skin_A=0.01,
     )  # fmt: skip
     rows = list(csv.DictReader((run / "thermo.csv").open()))
     time_ps = np.array([float(row["time_fs"]) for row in rows]) / 1000.0
@@ -188,6 +192,9 @@ def test_nve_conserves_energy_across_neighbour_list_rebuilds(tmp_path) -> None:
     assert metadata["engine"]["capture"] is False and metadata["engine"]["compile"] is False
     reference = load_restart(run / "restart.npz").payload["neighbours"]["positions"]
     assert not np.array_equal(reference, atoms.positions)
+    frames = read_trajectory(next(run.glob("trajectory.*")))
+    pairs = {len(neighbor_list("i", frame, 4.0)) for frame in frames}
+    assert len(pairs) > 1, pairs  # the model's graph changed: pairs crossed the cutoff
     assert [s["charge"] for s in metadata["structures"]] == [1.0]
     assert [s["spin"] for s in metadata["structures"]] == [2.0]
 
