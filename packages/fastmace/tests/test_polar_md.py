@@ -91,6 +91,17 @@ def test_engine_first_forces_match_mace_torch(polar64: LoadedModel, make) -> Non
     assert_matches_mace_torch(atoms, float(energies[0]), forces, polar64)
 
 
+def test_engine_first_forces_match_mace_torch_in_float32() -> None:
+    loaded = fm.load("template:polar-tiny", dtype="float32")
+    atoms = copper_oxide(charge=1)
+    energies, forces = first_forces(loaded, [atoms])
+    energy, reference_forces, _ = mace_torch_results(copy.deepcopy(loaded.module), atoms, "float32")
+    epsilons = 1000 * torch.finfo(torch.float32).eps
+    assert abs(energies[0] - energy) <= epsilons * max(abs(energy), len(atoms))
+    scale = max(float(np.abs(reference_forces).max()), 1.0)
+    np.testing.assert_allclose(forces, reference_forces, rtol=0, atol=epsilons * scale)
+
+
 def test_fm_md_first_step_matches_mace_torch(tmp_path) -> None:
     atoms = methanol(charge=1, spin=2)
     result = fm.md(
