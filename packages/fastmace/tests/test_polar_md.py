@@ -323,3 +323,19 @@ def test_cli_md_takes_charge_and_spin(clean_env, tmp_path) -> None:
     assert bad.returncode == 1
     assert "not a spin multiplicity" in bad.stderr and "--spin" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_run_config_takes_charge_and_spin_per_system(tmp_path) -> None:
+    from fastmace.cli.md import read_config
+
+    config = tmp_path / "config.toml"
+    config.write_text(
+        'model = "template:polar-tiny"\nensemble = "nve"\nspin = 1\n'
+        '[[systems]]\nstructure = "a.extxyz"\ncharge = 1\nspin = 2\n'
+        '[[systems]]\nstructure = "b.extxyz"\ncharge = 0\n'
+    )
+    read = read_config(config)
+    assert (read["charge"], read["spin"]) == ([1, 0], [2, 1])
+    config.write_text('structure = "a.extxyz"\nspin = 0.5\n')
+    with pytest.raises(RequestError, match=r"config.toml: spin=0.5 is not a spin multiplicity"):
+        read_config(config)

@@ -315,15 +315,18 @@ def add_dispersion_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def add_charge_options(parser: argparse.ArgumentParser) -> None:
-    """--charge and --spin, the same for fastmace md and fastmace relax."""
+def add_charge_options(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    """--charge and --spin, the same for fastmace md and fastmace relax; their help says the
+    default, so ``default=argparse.SUPPRESS`` keeps a defaults formatter from adding None."""
     parser.add_argument(
         "--charge", type=lambda text: _per_system_numbers("--charge", text), metavar="Q",
+        default=default,
         help="total charge in e of each system, for long-range models (MACE-POLAR-1) only; "
         "Q1,Q2,... gives one per system (default: the structure's info 'charge', else 0)",
     )  # fmt: skip
     parser.add_argument(
         "--spin", type=lambda text: _per_system_numbers("--spin", text), metavar="M",
+        default=default,
         help="spin multiplicity 2S + 1 of each system (1 singlet, 2 doublet), for long-range "
         "models only; M1,M2,... gives one per system (default: the structure's info 'spin', "
         "else 1)",

@@ -45,7 +45,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     relax.add_argument("--dtype", help="float32 or float64 (default: the planner's)")
     relax.add_argument("--backend", default="auto", help="auto, e3nn, cueq, oeq, hybrid")
     add_dispersion_options(relax)
-    add_charge_options(relax)
+    add_charge_options(relax, default=argparse.SUPPRESS)
     relax.set_defaults(handler=_relax)
 
 
@@ -59,7 +59,8 @@ def _relax(args: argparse.Namespace) -> int:
         pressure_GPa=args.pressure_GPa, max_step_A=args.max_step_A, repeat=args.repeat,
         output=output, device=args.device, dtype=args.dtype, backend=args.backend,
         dispersion=args.dispersion, dispersion_functional=args.dispersion_functional,
-        charge=args.charge, spin=args.spin, progress=sys.stderr,
+        charge=getattr(args, "charge", None), spin=getattr(args, "spin", None),
+        progress=sys.stderr,
     )  # fmt: skip
     print(result.report, end="")
     return 0 if all(result.converged) else 2
