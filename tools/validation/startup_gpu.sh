@@ -25,6 +25,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 22  # D3 timed longer; compiled profile
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 23  # start-up's parts; NVRTC cache; MH-1
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 24  # start-up profiled; MH-1 and 216
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 25  # POLAR-1 engine; MH-1 1,728; hybrid
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -309,6 +310,23 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     --only "mh-1/1728/fastmace-cueq-compile,mp0-medium/216/fastmace-cueq-compile" \
     > "$OUT/speed-compiled.log" 2>&1
   echo "compiled profiles: exit $?"
+  ;;
+25)
+  # MACE-POLAR-1 in the MD engine on CUDA (eager, e3nn) against mace-torch; then MH-1 at 1,728
+  # atoms compiled alone (its compilation takes about two minutes), MP-0 medium at 1,728
+  # compiled with its kernel profile, and the hybrid backend compiled at 13,824 atoms.
+  timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_polar_md.py" \
+    "$tests/test_polar.py" > "$OUT/gpu_tests_polar.txt" 2>&1
+  echo "polar gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_polar.txt"))"
+  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/speed-mh1-1728" --profile \
+    --force-errors --budget-s 190 --case-timeout-s 185 --only "mh-1/1728/fastmace-cueq-compile" \
+    > "$OUT/speed-mh1-1728.log" 2>&1
+  echo "MH-1 1728 compiled: exit $?"
+  timeout 230 python3 benchmarks/md_speed.py --out "$OUT/speed-more" --profile \
+    --force-errors --budget-s 220 --case-timeout-s 150 \
+    --only "mp0-medium/1728/fastmace-cueq-compile,mp0-medium/13824/fastmace-hybrid-compile" \
+    > "$OUT/speed-more.log" 2>&1
+  echo "MP-0 1728 compiled, hybrid 13824 compiled: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -339,3 +339,35 @@ def test_run_config_takes_charge_and_spin_per_system(tmp_path) -> None:
     config.write_text('structure = "a.extxyz"\nspin = 0.5\n')
     with pytest.raises(RequestError, match=r"config.toml: spin=0.5 is not a spin multiplicity"):
         read_config(config)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: copper_oxide(charge=1), id="charged-periodic-cell"),
+        pytest.param(lambda: methanol(charge=1, spin=2), id="cation-doublet"),
+    ],
+)
+def test_fm_md_on_cuda_matches_mace_torch_and_runs_eagerly_on_e3nn(tmp_path, make):
+    atoms = make()
+    run = tmp_path / "run"
+    result = fm.md(
+        atoms, model="template:polar-tiny", dtype="float64", device="cuda", ensemble="nve",
+        steps=10, timestep_fs=0.5, seed=2, initial_temperature_K=300, output=run,
+        trajectory_format="h5md", trajectory_every=10, thermo_every=5,
+    )  # fmt: skip
+    frames = read_trajectory(next(run.glob("trajectory.h5*")))
+    loaded = fm.load("template:polar-tiny", dtype="float64", seed=2)  # the run's weights
+    start = frames[0]
+    start.info.update(atoms.info)  # the run's charge and spin, for mace-torch's calculator
+    assert_matches_mace_torch(start, start.get_potential_energy(), start.get_forces(), loaded)
+    # The end of the run, after 10 steps on the GPU, against mace-torch on the CPU.
+    end = frames[-1]
+    end.info.update(atoms.info)
+    assert_matches_mace_torch(end, end.get_potential_energy(), end.get_forces(), loaded)
+    decisions = json.loads((run / "metadata.json").read_text())["plan"]["decisions"]
+    assert decisions["device"]["value"] == "cuda" and decisions["backend"]["value"] == "e3nn"
+    assert decisions["graphs"]["value"] is False and decisions["compile"]["value"] is False
+    assert np.isfinite([row["total_energy_eV"] for row in result.thermo]).all()
