@@ -312,18 +312,22 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   echo "compiled profiles: exit $?"
   ;;
 25)
-  # MACE-POLAR-1 in the MD engine on CUDA (eager, e3nn) against mace-torch; then MH-1 at 1,728
+  # MACE-POLAR-1 in the MD engine on CUDA (eager, e3nn) against mace-torch; whether the order
+  # of the edges changes cuEquivariance's kernel time (benchmarks/edge_order.py); MH-1 at 1,728
   # atoms compiled alone (its compilation takes about two minutes), MP-0 medium at 1,728
   # compiled with its kernel profile, and the hybrid backend compiled at 13,824 atoms.
-  timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_polar_md.py" \
+  timeout 120 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_polar_md.py" \
     "$tests/test_polar.py" > "$OUT/gpu_tests_polar.txt" 2>&1
   echo "polar gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_polar.txt"))"
-  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/speed-mh1-1728" --profile \
-    --force-errors --budget-s 190 --case-timeout-s 185 --only "mh-1/1728/fastmace-cueq-compile" \
+  CUEQUIVARIANCE_OPS_U1D_ALGOS=2 timeout 100 python3 benchmarks/edge_order.py --atoms 13824 --out "$OUT/edge-order" \
+    > "$OUT/edge-order.log" 2>&1
+  echo "edge order: exit $? ($(grep -c ms_per_call "$OUT/edge-order.log") orders)"
+  timeout 190 python3 benchmarks/md_speed.py --out "$OUT/speed-mh1-1728" --profile \
+    --force-errors --budget-s 180 --case-timeout-s 175 --only "mh-1/1728/fastmace-cueq-compile" \
     > "$OUT/speed-mh1-1728.log" 2>&1
   echo "MH-1 1728 compiled: exit $?"
-  timeout 230 python3 benchmarks/md_speed.py --out "$OUT/speed-more" --profile \
-    --force-errors --budget-s 220 --case-timeout-s 150 \
+  timeout 190 python3 benchmarks/md_speed.py --out "$OUT/speed-more" --profile \
+    --force-errors --budget-s 180 --case-timeout-s 140 \
     --only "mp0-medium/1728/fastmace-cueq-compile,mp0-medium/13824/fastmace-hybrid-compile" \
     > "$OUT/speed-more.log" 2>&1
   echo "MP-0 1728 compiled, hybrid 13824 compiled: exit $?"
