@@ -26,6 +26,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 23  # start-up's parts; NVRTC cache; MH-1
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 24  # start-up profiled; MH-1 and 216
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 25  # POLAR-1 engine; MH-1 1,728; hybrid
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 26  # POLAR-1 engine (graph-longrange); hybrid
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -331,6 +332,17 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     --only "mp0-medium/1728/fastmace-cueq-compile,mp0-medium/13824/fastmace-hybrid-compile" \
     > "$OUT/speed-more.log" 2>&1
   echo "MP-0 1728 compiled, hybrid 13824 compiled: exit $?"
+  ;;
+26)
+  # Stage 25's two parts that did not run: the POLAR-1 GPU tests (the bundle now carries
+  # graph-longrange) and the hybrid backend compiled at 13,824 atoms.
+  timeout 120 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_polar_md.py" \
+    "$tests/test_polar.py" > "$OUT/gpu_tests_polar.txt" 2>&1
+  echo "polar gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_polar.txt"))"
+  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/speed-hybrid" --profile \
+    --force-errors --budget-s 195 --case-timeout-s 190 \
+    --only "mp0-medium/13824/fastmace-hybrid-compile" > "$OUT/speed-hybrid.log" 2>&1
+  echo "hybrid 13824 compiled: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
