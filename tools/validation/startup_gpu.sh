@@ -46,6 +46,12 @@ pair_tests() {  # the pair-sharing GPU tests on every backend, into gpu_tests_ST
   echo "pair-radial gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_$1.txt"))"
 }
 
+polar_tests() {  # MACE-POLAR-1's GPU tests (the engine on CUDA against mace-torch)
+  timeout 120 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_polar_md.py" \
+    "$tests/test_polar.py" > "$OUT/gpu_tests_polar.txt" 2>&1
+  echo "polar gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_polar.txt"))"
+}
+
 before_after() {  # md_speed.py on .baseline's source, then on this checkout: the same CASES
   TEST_TIMEOUT_S=$1 BEFORE_BUDGET_S=110 AFTER_BUDGET_S=$2 OUT="$OUT" \
     bash tools/validation/perf_gpu.sh .baseline "$3" "$3"
@@ -317,9 +323,7 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   # of the edges changes cuEquivariance's kernel time (benchmarks/edge_order.py); MH-1 at 1,728
   # atoms compiled alone (its compilation takes about two minutes), MP-0 medium at 1,728
   # compiled with its kernel profile, and the hybrid backend compiled at 13,824 atoms.
-  timeout 120 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_polar_md.py" \
-    "$tests/test_polar.py" > "$OUT/gpu_tests_polar.txt" 2>&1
-  echo "polar gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_polar.txt"))"
+  polar_tests
   CUEQUIVARIANCE_OPS_U1D_ALGOS=2 timeout 100 python3 benchmarks/edge_order.py --atoms 13824 --out "$OUT/edge-order" \
     > "$OUT/edge-order.log" 2>&1
   echo "edge order: exit $? ($(grep -c ms_per_call "$OUT/edge-order.log") orders)"
@@ -336,9 +340,7 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
 26)
   # Stage 25's two parts that did not run: the POLAR-1 GPU tests (the bundle now carries
   # graph-longrange) and the hybrid backend compiled at 13,824 atoms.
-  timeout 120 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_polar_md.py" \
-    "$tests/test_polar.py" > "$OUT/gpu_tests_polar.txt" 2>&1
-  echo "polar gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_polar.txt"))"
+  polar_tests
   timeout 200 python3 benchmarks/md_speed.py --out "$OUT/speed-hybrid" --profile \
     --force-errors --budget-s 195 --case-timeout-s 190 \
     --only "mp0-medium/13824/fastmace-hybrid-compile" > "$OUT/speed-hybrid.log" 2>&1

@@ -61,23 +61,28 @@ def test_fastmace_md_records_each_start_up_phase(clean_env, tmp_path):
     assert "after the process started" in report
 
 
-def test_the_start_up_line_names_the_phases_in_order():
-    timings = {
-        "setup_s": 5.53, "load_s": 12.0, "gate_s": 4.0, "first_block_s": 0.72,
-        "capture_s": 1.1, "to_first_step_s": 23.4, "steps_per_s": 29.6,
-    }  # fmt: skip
-    assert startup_summary(timings) == (
-        "load 12.0 s, gate 4.0 s, setup 5.5 s, first block 0.7 s, capture 1.1 s; "
-        "first step done 23.4 s after the request"
-    )
-
-
-def test_the_start_up_line_shows_the_parts_of_a_phase():
-    timings = {
-        "load_s": 18.0, "load_read_s": 2.0, "load_convert_s": 5.04, "load_check_s": 10.0,
-        "setup_s": 5.6, "setup_neighbours_s": 0.3, "setup_first_forces_s": 4.9,
-    }  # fmt: skip
-    assert startup_summary(timings) == (
-        "load 18.0 s (read 2.0, convert 5.0, check 10.0), "
-        "setup 5.6 s (neighbours 0.3, first forces 4.9)"
-    )
+@pytest.mark.parametrize(
+    ("timings", "line"),
+    [
+        pytest.param(
+            {
+                "setup_s": 5.53, "load_s": 12.0, "gate_s": 4.0, "first_block_s": 0.72,
+                "capture_s": 1.1, "to_first_step_s": 23.4, "steps_per_s": 29.6,
+            },
+            "load 12.0 s, gate 4.0 s, setup 5.5 s, first block 0.7 s, capture 1.1 s; "
+            "first step done 23.4 s after the request",
+            id="phases-in-order",
+        ),
+        pytest.param(
+            {
+                "load_s": 18.0, "load_read_s": 2.0, "load_convert_s": 5.04, "load_check_s": 10.0,
+                "setup_s": 5.6, "setup_neighbours_s": 0.3, "setup_first_forces_s": 4.9,
+            },
+            "load 18.0 s (read 2.0, convert 5.0, check 10.0), "
+            "setup 5.6 s (neighbours 0.3, first forces 4.9)",
+            id="parts-of-a-phase",
+        ),
+    ],
+)  # fmt: skip
+def test_the_start_up_line(timings: dict[str, float], line: str) -> None:
+    assert startup_summary(timings) == line

@@ -60,23 +60,17 @@ def _repeat(text: str) -> tuple[int, ...]:
 
 def _temperatures(text: str) -> float | list[float]:
     """``300`` or one temperature per system, ``300,350,400``."""
+    return _per_system_numbers("--temperature", text, "K or K1,K2,... (one per system)")
+
+
+def _per_system_numbers(
+    flag: str, text: str, form: str = "a number or one per system (N1,N2,...)"
+) -> float | list[float]:
+    """``1`` or one number per system, ``0,1,-1`` (--temperature, --charge, --spin)."""
     try:
         values = [float(part) for part in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--temperature takes K or K1,K2,... (one per system), got {text!r}"
-        ) from None
-    return values[0] if len(values) == 1 else values
-
-
-def _per_system_numbers(flag: str, text: str) -> float | list[float]:
-    """``1`` or one number per system, ``0,1,-1`` (--charge, --spin)."""
-    try:
-        values = [float(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{flag} takes a number or one per system (N1,N2,...), got {text!r}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"{flag} takes {form}, got {text!r}") from None
     return values[0] if len(values) == 1 else values
 
 
