@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import csv
+from argparse import ArgumentTypeError
 
+import pytest
 from conftest import EXAMPLE, run_fastmace
 
 from fastmace.cli.main import build_parser
+from fastmace.cli.md import _per_system_numbers, _temperatures
 
 
 def test_md_writes_a_run_directory_and_refuses_to_overwrite_it(clean_env, tmp_path):
@@ -95,3 +98,12 @@ def test_run_and_plot_help(clean_env):
     assert run.returncode == 0 and "TOML file" in run.stdout
     plot = _option_help(run_fastmace(["plot", "--help"], clean_env).stdout)
     assert "(default: RUN_DIR/thermo.png)" in plot["--output"]
+
+
+def test_per_system_numbers_take_one_value_or_one_per_system():
+    assert _temperatures("300") == 300.0
+    assert _per_system_numbers("--charge", "1,-1,0") == [1.0, -1.0, 0.0]
+    with pytest.raises(ArgumentTypeError, match=r"--temperature takes K or K1,K2,\.\.\. \(one"):
+        _temperatures("300,x")
+    with pytest.raises(ArgumentTypeError, match=r"--charge takes a number or one per system"):
+        _per_system_numbers("--charge", "1,x")
