@@ -27,6 +27,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 24  # start-up profiled; MH-1 and 216
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 25  # POLAR-1 engine; MH-1 1,728; hybrid
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 26  # POLAR-1 engine (graph-longrange); hybrid
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 27  # 32,768 atoms compiled, profiled
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -345,6 +346,13 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     --force-errors --budget-s 195 --case-timeout-s 190 \
     --only "mp0-medium/13824/fastmace-hybrid-compile" > "$OUT/speed-hybrid.log" 2>&1
   echo "hybrid 13824 compiled: exit $?"
+  ;;
+27)
+  # The issue's 32,768-atom row, compiled, with its kernel profile (not measured since 11-29).
+  timeout 160 python3 benchmarks/md_speed.py --out "$OUT/speed-32768" --profile \
+    --force-errors --budget-s 155 --case-timeout-s 150 --target-s 2 \
+    --only "mp0-medium/32768/fastmace-cueq-compile" > "$OUT/speed-32768.log" 2>&1
+  echo "32768 compiled: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
