@@ -297,6 +297,43 @@ def run_all(dtypes: tuple[str, ...] = ("float64", "float32")) -> dict[str, CaseR
     return results
 
 
+class PaddedEdges(torch.nn.Module):
+    """A PolarMACE given ``extra`` more edges: self-edges of atom 0 whose vector is
+    (2 r_max, 0, 0), beyond the cutoff. What a fixed edge count could pad with, if capture
+    became possible upstream: do they leave the results as they are?"""
+
+    def __init__(self, model: torch.nn.Module, extra: int) -> None:
+        super().__init__()
+        self.model, self.extra = model, extra
+
+    def forward(self, data: dict[str, torch.Tensor], **kwargs: object) -> dict:
+        data = dict(data)
+        shifts = data["shifts"]
+        length = 2.0 * float(self.model.r_max)
+        padding = shifts.new_tensor([length, 0.0, 0.0]).expand(self.extra, 3)
+        index = data["edge_index"]
+        data["edge_index"] = torch.cat([index, index.new_zeros(2, self.extra)], 1)
+        data["shifts"] = torch.cat([shifts, padding])
+        data["unit_shifts"] = torch.cat([data["unit_shifts"], shifts.new_zeros(self.extra, 3)])
+        return self.model(data, **kwargs)
+
+
+def padding_difference(loaded: fm.LoadedModel, atoms: ase.Atoms, extra: int = 37) -> dict:
+    """Largest |padded - plain| of energy, forces and (periodic) stress, and whether equal."""
+    state = State.from_atoms([atoms])
+    plain = Potential.from_loaded(loaded, atoms.numbers)
+    padded = Potential.from_loaded(loaded, atoms.numbers)
+    padded.model = PaddedEdges(padded.model, extra)
+    edges = NeighbourList(state, plain.r_max, skin=0.5).build(state)
+    stress = bool(atoms.pbc.all())
+    a, b = plain(state, edges, stress), padded(state, edges, stress)
+    names = ("energy", "forces", "stress") if stress else ("energy", "forces")
+    pairs = [(getattr(a, name), getattr(b, name)) for name in names]
+    result = {name: float((x - y).abs().max()) for name, (x, y) in zip(names, pairs, strict=True)}
+    result["equal"] = all(torch.equal(x, y) for x, y in pairs)
+    return result
+
+
 def site_table(results: dict[str, CaseResult]) -> list[tuple[str, str, str, str, int, str]]:
     """(package, op, where, called from, count, cases) rows, FastMACE's first, then by place."""
     counts: dict[tuple[str, str, str, str], collections.Counter] = collections.defaultdict(
@@ -341,6 +378,11 @@ def main(argv: list[str] | None = None) -> None:
         )
         for change in result.shape_changes:
             print(f"    {change}")
+    print()
+    for dtype in ("float64", "float32"):
+        loaded = fm.load("template:polar-tiny", dtype=dtype)
+        for case, make in CASES.items():
+            print(f"{dtype} {case}: 37 padding edges change", padding_difference(loaded, make()))
 
 
 if __name__ == "__main__":

@@ -132,3 +132,18 @@ def test_a_periodic_cell_keeps_its_shapes_and_an_open_molecule_does_not(results)
         assert periodic.k_vectors[0] == periodic.k_vectors[1]
         assert not open_.same_shapes_after_moving
         assert open_.k_vectors[0] != open_.k_vectors[1]
+
+
+@pytest.mark.parametrize("case", ["periodic", "open"])
+def test_padding_self_edges_beyond_the_cutoff_change_nothing_but_rounding(tool, case) -> None:
+    # FastMACE's half of a capturable step, if graph-longrange allowed one: a fixed edge count
+    # padded with self-edges of atom 0 at 2 r_max, where mace's cutoff (applied to the edge
+    # features every PolarMACE block reads) is exactly zero.
+    import fastmace as fm
+
+    loaded = fm.load("template:polar-tiny", dtype="float64")
+    difference = tool.padding_difference(loaded, tool.CASES[case]())
+    eps = torch.finfo(torch.float64).eps
+    assert difference["energy"] <= 1000 * eps * 50  # |E| < 50 eV here
+    assert difference["forces"] <= 1000 * eps * 10  # |F| < 10 eV/Å here
+    assert difference.get("stress", 0.0) <= 1000 * eps * 0.1
