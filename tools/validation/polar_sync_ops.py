@@ -161,11 +161,9 @@ class SyncOpRecorder(TorchDispatchMode):
     def _record(self, name: str) -> None:
         node = torch._C._current_autograd_node()
         backward = node is not None
-        frames = traceback.extract_stack()
-        if backward:
-            # The forward call stack anomaly mode kept for this node, when it has one.
-            kept = node.metadata.get("traceback_") if hasattr(node, "metadata") else None
-            frames = traceback.extract_stack() if not kept else _parse_kept(kept)
+        # In the backward pass, the forward call stack anomaly mode kept for the node.
+        kept = node.metadata.get("traceback_") if backward else None
+        frames = _parse_kept(kept) if kept else traceback.extract_stack()
         ours = _package_frames(frames)
         if not ours:
             self.sites.append(Site(name, "other", "?", 0, "?", backward, ""))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+import traceback
 from importlib import metadata
 from pathlib import Path
 
@@ -100,6 +101,14 @@ def test_the_recorder_catches_syncs_forward_and_backward_and_passes_static_ops(t
         _ = float(dynamic)  # .item()
     found = {(site.op, site.backward) for site in recorder.sites}
     assert found == {("index", False), ("index_put", True), ("_local_scalar_dense", False)}
+
+
+def test_a_backward_op_is_named_by_the_forward_frames_anomaly_mode_kept(tool) -> None:
+    # Anomaly mode keeps traceback.format_stack() of the forward op; the recorder reads it back.
+    formatted, frames = traceback.format_stack(), traceback.extract_stack()
+    parsed = tool._parse_kept(formatted)
+    assert [(f.filename, f.name) for f in parsed] == [(f.filename, f.name) for f in frames]
+    assert [f.lineno for f in parsed[:-1]] == [f.lineno for f in frames[:-1]]
 
 
 def test_the_blocking_sites_are_the_documented_ones(tool, results) -> None:
