@@ -284,9 +284,9 @@ def md(
     by long-range models (MACE-POLAR-1) only; left out, each structure's
     ``atoms.info["charge"]`` and ``atoms.info["spin"]`` give them, else a neutral singlet, as
     mace-torch's calculator reads them. A model without a long-range part refuses them. A
-    long-range model runs eagerly (no CUDA graphs, no torch.compile: its graph keeps only the
-    real edges, a host synchronisation), on e3nn, at a fixed cell: NPT is refused, as its
-    stress leaves out the long-range part (docs/models.md#mace-polar-1).
+    long-range model runs eagerly (no CUDA graphs, no torch.compile: graph-longrange and
+    mace-torch synchronise with the host in its forward pass), on e3nn, at a fixed cell: NPT
+    is refused, as its stress leaves out the long-range part (docs/models.md#mace-polar-1).
 
     ``guard`` sets the physical bounds the run must stay within, checked on the device every
     block (docs/md.md): ``None``/``True`` the defaults, ``False`` off, a mapping of bounds or

@@ -11,7 +11,11 @@ charge and spin multiplicity. So this graph differs from the local models' one
 - positions are the atoms' own, not zeros with the edge vectors passed as shifts;
 - only the real edges are kept (boolean indexing: a host synchronisation), with no padding
   node, so the batch is exactly the one mace-torch's calculator builds: a padding node's
-  extra open "system" would turn graph-longrange's all-periodic path into its mixed one;
+  extra open "system" would turn graph-longrange's all-periodic path into its mixed one.
+  Fixed shapes here would not make a step capturable: graph-longrange 0.4.0 and mace-torch
+  0.3.16 themselves read device values on the host in the forward pass (the k-grid's
+  extent and selection, branches on ``pbc``; docs/validation/polar.md#capture, measured by
+  tools/validation/polar_sync_ops.py);
 - the cell the long-range part sees is mace-torch's: each non-periodic direction replaced by
   a long axis (``mace/data/neighborhood.py``'s rule), its reciprocal ``2π (cellᵀ)⁻¹`` and
   signed volume ``det(cell)``.

@@ -110,9 +110,11 @@ class Potential(torch.nn.Module):
     energies and forces come back in float64. Multi-head models use ``head`` for every system.
 
     A ``PolarMACE`` (MACE-POLAR-1) runs eagerly only (dynamics/polar.py): its graph keeps the
-    real edges alone, a host synchronisation, so it cannot be captured in a CUDA graph, and it
-    is neither specialised nor compiled. Its energy is the model's total per system (local,
-    electrostatic and electron energy), for the ``charge`` and ``spin`` given to ``forward``.
+    real edges alone, and graph-longrange and mace-torch read device values on the host inside
+    its forward pass (docs/validation/polar.md#capture), so it cannot be captured in a CUDA
+    graph; it is neither specialised nor compiled. Its energy is the model's total per system
+    (local, electrostatic and electron energy), for the ``charge`` and ``spin`` given to
+    ``forward``.
 
     Args:
         model: a mace-torch ``MACE``, ``ScaleShiftMACE`` or ``PolarMACE`` on any backend,

@@ -65,9 +65,10 @@ COMPILE_PAYBACK = 3.0
 COMPILE_MEASURED = "H200, MP-0 medium, cuEq: about 0.67 ms + 0.40 µs per atom saved per step"
 # MACE-POLAR-1 (PolarMACE): why its step is neither captured nor compiled, and its backend.
 LONG_RANGE_EAGER_REASON = (
-    "rule: a long-range model (MACE-POLAR-1) runs eagerly: its graph keeps only the real "
-    "edges (boolean indexing, a host synchronisation), so its step cannot be captured in a "
-    "CUDA graph, nor compiled (docs/models.md#mace-polar-1)"
+    "rule: a long-range model (MACE-POLAR-1) runs eagerly: graph-longrange sizes its k-space "
+    "grid and picks its periodic path by reading device values (a host synchronisation), "
+    "and the graph keeps only the real edges, so its step cannot be captured in a CUDA "
+    "graph, nor compiled (docs/validation/polar.md#capture)"
 )
 LONG_RANGE_COMPILE_REASON = "rule: a long-range model (MACE-POLAR-1) runs uncompiled, as eagerly"
 LONG_RANGE_BACKEND_REASON = (
