@@ -40,6 +40,8 @@ STAND_INS = {
     # Structure files: the demo's copper.
     "NaCl.cif": "structure.cif",
     "KCl.cif": "structure.cif",
+    "ions.extxyz": "structure.cif",
+    "cation.extxyz": "structure.cif",
     "cuda": "cpu",
 }
 STEP_KEYWORDS = {"steps"}
