@@ -224,21 +224,3 @@ def select_head(model: torch.nn.Module, head: str) -> torch.nn.Module:
         torch.set_default_dtype(model_dtype(model))  # mace builds the copy in the default dtype
         single = remove_pt_head(copy.deepcopy(model).to("cpu"), head)
     return single.to(model_dtype(model)).eval()
-
-
-def convert_checked(
-    model: torch.nn.Module,
-    backend: str,
-    device: str = "cpu",
-    dtype: torch.dtype | None = None,
-    head: str | None = None,
-) -> tuple[torch.nn.Module, ConversionCheck]:
-    """:func:`convert`, then :func:`check_conversion`; ConversionCheckError if it disagrees."""
-    converted = convert(model, backend, device, dtype)
-    check = check_conversion(model, converted, backend, head)
-    if not check.passed:
-        raise ConversionCheckError(
-            f"the {backend} model disagrees with the e3nn model beyond {check.dtype} rounding: "
-            + check.errors()
-        )
-    return converted, check
