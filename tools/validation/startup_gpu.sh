@@ -28,6 +28,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 25  # POLAR-1 engine; MH-1 1,728; hybrid
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 26  # POLAR-1 engine (graph-longrange); hybrid
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 27  # 32,768 atoms compiled, profiled
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 28  # 32,768 with time for it; MH-1 TF32
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -353,6 +354,19 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     --force-errors --budget-s 155 --case-timeout-s 150 --target-s 2 \
     --only "mp0-medium/32768/fastmace-cueq-compile" > "$OUT/speed-32768.log" 2>&1
   echo "32768 compiled: exit $?"
+  ;;
+28)
+  # Stage 27 again with the time it needs (its compilation alone takes about two minutes), the
+  # uncompiled step beside it; then MH-1 at 216 atoms with TF32 matmuls and compile.
+  timeout 350 python3 benchmarks/md_speed.py --out "$OUT/speed-32768" --profile \
+    --force-errors --budget-s 340 --case-timeout-s 250 --target-s 2 \
+    --only "mp0-medium/32768/fastmace-cueq-compile,mp0-medium/32768/fastmace-cueq" \
+    > "$OUT/speed-32768.log" 2>&1
+  echo "32768 compiled and not: exit $?"
+  timeout 170 python3 benchmarks/md_speed.py --out "$OUT/speed-mh1-tf32" --profile \
+    --force-errors --budget-s 160 --case-timeout-s 150 \
+    --only "mh-1/216/fastmace-cueq-tf32-compile" > "$OUT/speed-mh1-tf32.log" 2>&1
+  echo "MH-1 216 TF32 compiled: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
