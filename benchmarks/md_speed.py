@@ -121,6 +121,8 @@ LABELS: dict[tuple[str, str], str] = {
     ("fastmace", "hybrid-compile"): "FastMACE hybrid + torch.compile",
     ("fastmace", "cueq-compile"): "FastMACE cuEq + torch.compile",
     ("fastmace", "cueq-tf32-compile"): "FastMACE cuEq, TF32 matmuls + torch.compile",
+    ("fastmace", "cueq-table"): "FastMACE cuEq, radial table",
+    ("fastmace", "cueq-table-compile"): "FastMACE cuEq, radial table + torch.compile",
     ("fastmace", "cueq-nograph"): "FastMACE cuEq, capture=False",
     ("fastmace", "cueq-tf32"): "FastMACE cuEq, TF32 matmuls",
     ("fastmace", "cueq-d3"): "FastMACE cuEq + D3(BJ) dispersion",
@@ -135,7 +137,7 @@ LABELS: dict[tuple[str, str], str] = {
     ("ase", "e3nn-compile"): "MACECalculator + ASE, e3nn + torch.compile",
 }
 # FastMACE variant -> (backend, capture, compile, matmul precision); capture None = CUDA graphs
-# on CUDA devices.
+# on CUDA devices. "-table" variants read the radial weights from tables (radial_table=True).
 FASTMACE_VARIANTS: dict[str, tuple[str, bool | None, bool, str]] = {
     "hybrid": ("hybrid", None, False, "float32"),
     "cueq": ("cueq", None, False, "float32"),
@@ -147,6 +149,8 @@ FASTMACE_VARIANTS: dict[str, tuple[str, bool | None, bool, str]] = {
     "hybrid-compile": ("hybrid", None, True, "float32"),
     "cueq-compile": ("cueq", None, True, "float32"),
     "cueq-tf32-compile": ("cueq", None, True, "tf32"),
+    "cueq-table": ("cueq", None, False, "float32"),
+    "cueq-table-compile": ("cueq", None, True, "float32"),
     "e3nn": ("e3nn", None, False, "float32"),
     "e3nn-nograph": ("e3nn", False, False, "float32"),
 }
@@ -230,6 +234,12 @@ def full_plan() -> list[Case]:
     cases += [Case(m, n, p, v) for m, n in small[2:] + large for p, v in compiled]
     cases.append(Case("mp0-medium", 1728, "ase", "e3nn-compile"))
     cases += [Case("mp0-medium", n, "fastmace", "cueq-tf32-compile") for n in (216, 1728, 13824)]
+    cases += [Case("mh-1", n, "fastmace", "cueq-tf32-compile") for n in (216, 1728)]
+    # Radial weights from tables (EngineConfig(radial_table=True)), MP-0 medium only: MH-1's
+    # blocks feed the elements to their radial MLPs, which a table of the distance cannot.
+    sizes = (216, 1728, 13824, 32768)
+    cases += [Case("mp0-medium", n, "fastmace", v) for n in sizes
+              for v in ("cueq-table-compile", "cueq-table")]  # fmt: skip
     # The largest cell of the issue's targets (at least 150,000 atoms): memory per atom.
     cases.append(Case("mp0-medium", LARGEST_ATOMS, "fastmace", "cueq"))
     # D3(BJ)'s cost against the plain step (issue: at most 1.3x at 13,824 atoms).
@@ -619,6 +629,7 @@ class Bench:
         engine = EngineSettings(
             device=loaded.device, backend=loaded.backend, block_steps=block,
             graphs=capture_setting, compile=compile_model, matmul_precision=matmul,
+            radial_table="-table" in case.variant,
         )  # fmt: skip
         if compile_model:
             # Each case compiles afresh: Dynamo's recompile limit counts every earlier case's
@@ -694,6 +705,9 @@ class Bench:
                 term.kernel_choice if (term := simulation.engine.force_field.dispersion) else None
             ),
             "matmul_precision": matmul,
+            "radial_table": (
+                asdict(report) if (report := simulation.potential.table_report) else None
+            ),
             "edge_capacity": simulation.neighbours.capacity,
             "model_edge_capacity": simulation.neighbours.cutoff_capacity,
             "final_temperature_K": thermo.get("temperature_K"),

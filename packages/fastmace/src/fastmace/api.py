@@ -42,7 +42,7 @@ def _pressure_GPa(settings: dict[str, Any]) -> float | None:
 # fm.md's keywords that force an engine setting: each is the EngineConfig field of that name.
 ENGINE_KEYWORDS = (
     "backend", "dtype", "block_steps", "skin_A", "graphs", "compile", "matmul_precision",
-    "guard",
+    "radial_table", "guard",
 )  # fmt: skip
 
 
@@ -219,6 +219,7 @@ def md(
     graphs: bool | None = None,
     compile: bool | None = None,
     matmul_precision: str | None = None,
+    radial_table: bool | None = None,
     guard: GuardConfig | bool | dict[str, float] | None = None,
     resume: bool = False,
     progress: TextIO | None = None,
@@ -299,7 +300,9 @@ def md(
     ``graphs`` (CUDA graphs), ``compile`` (the model through ``torch.compile``: faster steps
     after about 30 s of compilation; left to the plan, on for float32 cuEq runs on CUDA long
     enough to pay it back, docs/md.md) and ``matmul_precision`` ("tf32": the
-    model's matrix products on TF32 tensor cores, faster and looser) force a decision, as does
+    model's matrix products on TF32 tensor cores, faster and looser) and ``radial_table``
+    (True: each block's radial weights read from a table of the distance instead of computed
+    by its radial MLP; float32 models, docs/md.md) force a decision, as does
     ``config`` (an ``fm.EngineConfig``): the keywords are its fields of the same name, set on
     it, so a setting forced both ways must agree.
     The plan is the one carrier of these settings to the model, the engine and the neighbour
@@ -353,8 +356,8 @@ def md(
         raise TypeError(f"runner must be an fm.RunnerConfig or None, got {runner!r}")
     config = engine_config(
         config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,
-        graphs=graphs, compile=compile, matmul_precision=matmul_precision, guard=guard,
-        max_batch_atoms=max_batch_atoms,
+        graphs=graphs, compile=compile, matmul_precision=matmul_precision,
+        radial_table=radial_table, guard=guard, max_batch_atoms=max_batch_atoms,
     )  # fmt: skip
     # Charges for a label or template without a long-range part: refused before its file is
     # looked for.
@@ -455,6 +458,7 @@ def md(
                 loaded, _gated_structure(checked.atoms, *first), candidates=candidates,
                 environment=runner.environment,
                 structure=checked.description, matmul_precision=engine.matmul_precision,
+                radial_table=engine.radial_table,
             )  # fmt: skip
             loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
             phases["gate_s"] = time.perf_counter() - tick

@@ -277,6 +277,9 @@ def engine_record(simulation: Simulation) -> dict[str, Any]:
         "capture": engine.capture,
         "compile": simulation.potential.compiled,
         "compile_failure": simulation.potential.compile_failure,
+        "radial_table": (
+            dataclasses.asdict(report) if (report := simulation.potential.table_report) else None
+        ),
         "skin_A": neighbours.skin,
         "headroom": neighbours.headroom,
         "edge_capacity": neighbours.capacity,
@@ -423,6 +426,11 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         graphs += ", model compiled"
     elif simulation.potential.compile_failure:
         graphs += f", model uncompiled (compilation failed: {simulation.potential.compile_failure})"
+    if (table := simulation.potential.table_report) is not None:
+        graphs += (
+            f", radial weights from tables ({table.intervals} intervals, error "
+            f"{table.max_relative_error:.0e} of the weights)"
+        )
     gate = (
         simulation.gate.summary() if simulation.gate is not None else "not run (fm.md check='gate')"
     )

@@ -118,7 +118,10 @@ class Relaxation:
         self.output = _claim_output(Path(output)) if output is not None else None
         state = State.from_atoms(self.structures, device=model.device)
         self.potential = Potential.from_loaded(
-            model, state.atomic_numbers, matmul_precision=self.engine_settings.matmul_precision
+            model,
+            state.atomic_numbers,
+            matmul_precision=self.engine_settings.matmul_precision,
+            radial_table=self.engine_settings.radial_table,
         )
         engine = self.engine_settings
         neighbours = NeighbourList(

@@ -148,6 +148,7 @@ class Simulation:
                 compile=self.engine_settings.compile,
                 compile_fallback=self.engine_settings.compile_fallback,
                 matmul_precision=self.engine_settings.matmul_precision,
+                radial_table=self.engine_settings.radial_table,
             )
             setup_parts["setup_potential_s"] = time.perf_counter() - tick
             tick = time.perf_counter()

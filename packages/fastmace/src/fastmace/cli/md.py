@@ -37,7 +37,8 @@ RUN_KEYS = (
     "trajectory_every",
     "thermo_every", "restart_every",
     "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
-    "block_steps", "skin_A", "graphs", "compile", "matmul_precision", "resume", "check", "guard",
+    "block_steps", "skin_A", "graphs", "compile", "matmul_precision", "radial_table", "resume",
+    "check", "guard",
     "temperature_schedule", "pressure_schedule",
     "dispersion", "dispersion_functional", "charge", "spin",
 )  # fmt: skip
@@ -262,6 +263,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         help="tf32: the model's matrix products on TF32 tensor cores (CUDA, float32 models; "
         f"faster, looser: docs/md.md) (default: {DEFAULT_MATMUL_PRECISION})",
     )
+    md.add_argument(
+        "--radial-table", action="store_true", default=None, dest="radial_table",
+        help="read each interaction block's radial weights from a table of the distance "
+        "instead of running its radial MLP (float32 models; faster at large sizes, within "
+        "1e-6 of the MLP: docs/md.md) (default: off)",
+    )  # fmt: skip
     md.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, default=None,
         help="run the model through torch.compile (--no-compile: never): faster steps after "

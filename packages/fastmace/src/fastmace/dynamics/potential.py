@@ -54,6 +54,7 @@ from fastmace.dynamics.polar import (
     per_system_values,
     polar_graph,
 )
+from fastmace.dynamics.radial_table import TableReport, tabulated_model
 from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
 from fastmace.dynamics.state import State
 from fastmace.models.backends import rounding_tolerances
@@ -135,6 +136,10 @@ class Potential(torch.nn.Module):
             (the radial MLPs and linear layers) run on TF32 tensor cores, faster and with
             looser numbers (docs/md.md states the tolerance the gate holds them to). Only the
             model call is affected: torch's TF32 switch is set for it and put back after.
+        radial_table: read each interaction block's radial weights from a table of the
+            distance instead of running its radial MLP (dynamics/radial_table.py); raises
+            ``TableError`` for a model whose blocks do not allow it. ``table_report`` says
+            how the tables came out.
     """
 
     def __init__(
@@ -146,6 +151,7 @@ class Potential(torch.nn.Module):
         compile: bool = False,
         compile_fallback: bool = False,
         matmul_precision: str = DEFAULT_MATMUL_PRECISION,
+        radial_table: bool = False,
     ) -> None:
         super().__init__()
         _check_model(model)
@@ -161,10 +167,13 @@ class Potential(torch.nn.Module):
         heads = tuple(getattr(model, "heads", None) or ("Default",))
         self.head = _resolve_head(head, heads)
         self.long_range = is_long_range(model)
-        if self.long_range and compile:
+        if self.long_range and (compile or radial_table):
+            setting = "compile" if compile else "radial_table"
             raise UnsupportedModelError(
-                f"a {type(model).__name__} runs eagerly in FastMACE: leave compile off"
+                f"a {type(model).__name__} runs eagerly and as trained in FastMACE: "
+                f"leave {setting} off"
             )
+        self.table_report: TableReport | None = None
         if self.long_range:
             # mace-torch's own model, unchanged: its long-range part is checked against
             # mace-torch's calculator as it is, and it has no padding node to specialise for.
@@ -172,6 +181,8 @@ class Potential(torch.nn.Module):
         else:
             # A copy for the run's elements and the padding node's (the model's first element).
             self.model = specialise_for_species(model, (*self.species, self.model_species[0]))
+            if radial_table:
+                self.model, self.table_report = tabulated_model(self.model)
             # The same weights with the radial MLPs run once per pair, for mirrored edges
             # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
             self.pair_model = pair_shared_model(self.model)
@@ -198,6 +209,7 @@ class Potential(torch.nn.Module):
         compile: bool = False,
         compile_fallback: bool = False,
         matmul_precision: str = DEFAULT_MATMUL_PRECISION,
+        radial_table: bool = False,
     ) -> Potential:
         """The potential of an ``fm.load`` result: its converted module and its head."""
         return cls(
@@ -207,6 +219,7 @@ class Potential(torch.nn.Module):
             compile=compile,
             compile_fallback=compile_fallback,
             matmul_precision=matmul_precision,
+            radial_table=radial_table,
         )
 
     def check_species(self, species: Iterable[int] | torch.Tensor) -> None:

@@ -72,6 +72,7 @@ class GateResult:
     reference: str
     child_seconds: float
     matmul_precision: str = DEFAULT_MATMUL_PRECISION
+    radial_table: bool = False
 
     @property
     def passed(self) -> bool:
@@ -102,12 +103,12 @@ class GateResult:
 
 
 def _plan_values(
-    model: LoadedModel, atoms: ase.Atoms, matmul_precision: str
+    model: LoadedModel, atoms: ase.Atoms, matmul_precision: str, radial_table: bool
 ) -> dict[str, np.ndarray]:
     """Energy, forces and stress from FastMACE's potential: what the engine will use."""
     state = State.from_atoms(atoms, device=model.device)
     potential = Potential.from_loaded(
-        model, state.atomic_numbers, matmul_precision=matmul_precision
+        model, state.atomic_numbers, matmul_precision=matmul_precision, radial_table=radial_table
     )
     neighbours = NeighbourList(state, potential.r_max, 0.0)
     # The model's edges as the engine gives them (mirrored: radial weights once per pair),
@@ -176,19 +177,22 @@ def run_gate(
     environment: Mapping[str, str] | None = None,
     structure: str | None = None,
     matmul_precision: str = DEFAULT_MATMUL_PRECISION,
+    radial_table: bool = False,
 ) -> GateResult:
     """Compare ``model`` (as the engine runs it) with mace-torch's float64 e3nn model.
 
     Tolerances are 1000 epsilon of the model dtype's rounding (models/backends.py); with
     ``matmul_precision="tf32"`` they are the TF32 mode's own: ``TF32_GATE_EPSILONS`` TF32
-    epsilons of the same scales (vocabulary.py; docs/md.md).
+    epsilons of the same scales (vocabulary.py; docs/md.md). With ``radial_table`` the
+    potential reads its radial weights from tables (float32 models only), held to the
+    float32 tolerances: the tables' own error is below 1e-6 of the weights.
 
     ``environment``: extra variables for the reference child (RunnerConfig.environment).
     ``structure`` says what ``atoms`` is, for the record (default: the run's structure);
     :func:`fastmace.gate.reduce.reduced_structure` picks it for large runs.
     """
     reference, seconds = _reference_values(model, atoms, environment)
-    plan = _plan_values(model, atoms, matmul_precision)
+    plan = _plan_values(model, atoms, matmul_precision, radial_table)
     dtype = torch.float32 if model.dtype == "float32" else torch.float64
     energy_tol, force_tol = rounding_tolerances(
         dtype, float(reference["energy"]), reference["forces"], len(atoms)
@@ -218,4 +222,5 @@ def run_gate(
         reference="mace-torch e3nn float64 (child process)",
         child_seconds=seconds,
         matmul_precision=matmul_precision,
+        radial_table=radial_table,
     )

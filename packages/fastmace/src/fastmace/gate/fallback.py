@@ -51,19 +51,23 @@ def gate_with_fallback(
     environment: Mapping[str, str] | None = None,
     structure: str | None = None,
     matmul_precision: str = DEFAULT_MATMUL_PRECISION,
+    radial_table: bool = False,
 ) -> GatedModel:
     """The first of ``candidates`` (default: ``model``'s backend, then the slower available
     ones) that passes the gate; ``model`` is the first candidate, already loaded.
     ``environment`` goes to the gate's reference child (RunnerConfig.environment);
     ``structure`` says what ``atoms`` is and ``matmul_precision`` how the run's matrix
-    products go (see :func:`run_gate`)."""
+    products go, ``radial_table`` whether radial weights come from tables (see
+    :func:`run_gate`)."""
     failures: list[dict[str, Any]] = []
     if candidates is None:
         candidates = [model.backend, *_later_candidates(model.backend, model.device)]
     for backend in candidates:
         try:
             current = model if backend == model.backend else _reload(model, backend)
-            result = run_gate(current, atoms, environment, structure, matmul_precision)
+            result = run_gate(
+                current, atoms, environment, structure, matmul_precision, radial_table
+            )
         except Exception as error:  # a candidate that cannot even be built or checked
             failures.append({"backend": backend, "reason": f"{type(error).__name__}: {error}"})
             continue

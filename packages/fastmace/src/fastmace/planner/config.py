@@ -17,7 +17,7 @@ from fastmace.vocabulary import BACKENDS, DTYPES, MATMUL_PRECISIONS
 # cuBLAS's fixed-point emulation takes 1 to 79 mantissa bits (as configure_fp64_emulation checks).
 MANTISSA_BITS = range(1, 80)
 
-_SWITCHES = ("graphs", "compile", "expandable_segments", "fp64_emulation")
+_SWITCHES = ("graphs", "compile", "expandable_segments", "fp64_emulation", "radial_table")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +32,10 @@ class EngineConfig:
     """How a float32 model's matrix products run: "float32" (the default: results within
     float32 rounding of the reference) or "tf32" (CUDA tensor cores: faster, looser; the gate
     holds it to its own tolerance, docs/md.md)."""
+    radial_table: bool | None = None
+    """Read each interaction block's radial weights from a table of the distance instead of
+    running its radial MLP (float32 models whose blocks allow it: faster at large sizes,
+    within 1e-6 of the MLP; off unless forced, docs/md.md)."""
     graphs: bool | None = None
     """Capture each block of K steps as a CUDA graph."""
     compile: bool | None = None

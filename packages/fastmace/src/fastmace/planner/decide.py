@@ -96,6 +96,7 @@ def make_plan(
     dtype = _dtype(workload, config, device.value)
     graphs = _graphs(config, device.value, workload.long_range)
     matmul = _matmul_precision(config, device.value, dtype.value)
+    table = _radial_table(config, dtype.value, workload.long_range)
     emulation = _fp64_emulation(config, device.value, dtype.value)
     segments = _expandable_segments(config, availability, device.value)
     kernel_choice = _cueq_kernel_choice(workload, availability, device.value, backend.value)
@@ -105,6 +106,7 @@ def make_plan(
         backend,
         dtype,
         matmul,
+        table,
         graphs,
         compiled,
         _block_steps(workload, config),
@@ -233,6 +235,27 @@ def _matmul_precision(config: EngineConfig, device: str, dtype: str) -> Decision
             f"but the plan runs {dtype} on the {device}; leave matmul_precision=None"
         )
     return Decision("matmul_precision", forced, _forced("matmul_precision", forced), FORCED)
+
+
+def _radial_table(config: EngineConfig, dtype: str, long_range: bool) -> Decision:
+    if not config.radial_table:
+        reason = (
+            _forced("radial_table", False)
+            if config.radial_table is False
+            else "rule: the radial MLPs run as trained (a table of them only when forced: "
+            "EngineConfig(radial_table=True))"
+        )
+        return Decision(
+            "radial_table", False, reason, FORCED if config.radial_table is False else RULE
+        )
+    if long_range or dtype != "float32":
+        why = "a long-range model (MACE-POLAR-1)" if long_range else f"a {dtype} model"
+        raise PlanError(
+            f"EngineConfig(radial_table=True) needs a float32 local model, but the plan runs "
+            f"{why}: the table's error (1e-6 of the weights) would exceed a float64 run's "
+            "rounding, and the long-range model's blocks are not tabulated; leave radial_table=None"
+        )
+    return Decision("radial_table", True, _forced("radial_table", True), FORCED)
 
 
 def _graphs(config: EngineConfig, device: str, long_range: bool = False) -> Decision:

@@ -108,6 +108,8 @@ class EngineSettings:
     compilation the planner chose, not the user."""
     matmul_precision: str = DEFAULT_MATMUL_PRECISION
     """How the model's matrix products run: "float32" or "tf32" (tensor cores, CUDA)."""
+    radial_table: bool = False
+    """Radial weights read from tables of the distance (dynamics/radial_table.py)."""
     guard: GuardConfig = field(default_factory=GuardConfig)
     """The physical bounds the engine checks every block (fastmace.dynamics.guard)."""
 
@@ -192,6 +194,10 @@ class Plan:
         return self.value("matmul_precision")
 
     @property
+    def radial_table(self) -> bool:
+        return self.value("radial_table")
+
+    @property
     def block_steps(self) -> int:
         return self.value("block_steps")
 
@@ -250,6 +256,7 @@ class Plan:
             compile=self.compile,
             compile_fallback=self.decision("compile").source != FORCED,
             matmul_precision=self.matmul_precision,
+            radial_table=self.radial_table,
             guard=self.guard,
         )
 
@@ -307,6 +314,8 @@ class Plan:
             line(name, d(name).value, d(name).reason)
         if self.matmul_precision != DEFAULT_MATMUL_PRECISION:
             line("matmul", self.matmul_precision, d("matmul_precision").reason)
+        if self.radial_table:
+            line("radial", "table", d("radial_table").reason)
         if self.fp64_emulation:
             bits = self.fp64_emulation_mantissa_bits
             mantissa = "cuBLAS's default mantissa" if bits is None else f"{bits} mantissa bits"
