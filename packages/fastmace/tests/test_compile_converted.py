@@ -38,7 +38,9 @@ def test_weight_sharing_copy_shares_storage_not_modules():
     assert model.interactions[0] is block
 
 
-def test_compiled_cueq_model_runs_the_same_dynamics(tmp_path, monkeypatch):
+@pytest.mark.parametrize("radial_table", [False, True], ids=["mlp", "radial-table"])
+def test_compiled_cueq_model_runs_the_same_dynamics(tmp_path, monkeypatch, radial_table):
+    """With radial tables too: their custom operator is one opaque call to Dynamo."""
     monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
     for name in (environment.TORCHINDUCTOR_CACHE_DIR.name, environment.TRITON_CACHE_DIR.name,
                  *environment.COMPILE_CACHE_FLAGS):  # fmt: skip
@@ -53,13 +55,15 @@ def test_compiled_cueq_model_runs_the_same_dynamics(tmp_path, monkeypatch):
             schedule=OutputSchedule(0, 0, 0), initial_temperature_K=300.0,
         )  # fmt: skip
         simulation = Simulation(
-            model, [atoms], settings, engine=EngineSettings(block_steps=3, compile=compile)
-        )
+            model, [atoms], settings,
+            engine=EngineSettings(block_steps=3, compile=compile, radial_table=radial_table),
+        )  # fmt: skip
         simulation.result = simulation.run()
         return simulation
 
     eager, compiled = run(False), run(True)
     assert compiled.potential.compiled
+    assert (compiled.potential.table_report is not None) == radial_table
     np.testing.assert_allclose(
         compiled.result.structures[0].positions, eager.result.structures[0].positions, atol=1e-10
     )

@@ -117,7 +117,8 @@ def test_models_whose_weights_are_not_a_function_of_the_distance_are_refused(mon
     with pytest.raises(TableError, match=r"cannot be tabulated: its RealAgnosticResidualNonLin"):
         Potential(model_of("mh-1", torch.float32), [29, 8], "omat_pbe", radial_table=True)
     extra = {"distance_transform": "Agnesi"}
-    monkeypatch.setitem(TEMPLATES, "tiny-agnesi", dataclasses.replace(TEMPLATES["tiny"], extra=extra))
+    agnesi = dataclasses.replace(TEMPLATES["tiny"], extra=extra)
+    monkeypatch.setitem(TEMPLATES, "tiny-agnesi", agnesi)
     with pytest.raises(TableError, match="distance transform"):
         tabulated_model(template("tiny-agnesi", dtype=torch.float32))
     with pytest.raises(UnsupportedModelError, match="leave radial_table off"):
@@ -139,8 +140,19 @@ def test_a_table_run_records_its_tables_and_passes_the_gate(tmp_path):
     assert "radial weights from tables" in report
 
 
+def test_an_e3nn_model_is_not_compiled_with_tables():
+    """Compile rebuilds e3nn models from their configuration, which knows no tables."""
+    from fastmace.dynamics.potential import ModelCompileError
+
+    model = model_of("tiny", torch.float32)
+    potential = Potential(model, SPECIES, radial_table=True, compile=True)
+    state = State.from_atoms([copper_supercell()])
+    with pytest.raises(ModelCompileError, match="radial_table or compile, not both"):
+        potential(state, model_edges(state, potential.r_max))
+
+
 def test_a_float64_run_cannot_have_tables():
-    with pytest.raises(PlanError, match="radial_table=True.*float32 local model.*float64"):
+    with pytest.raises(PlanError, match=r"radial_table=True.*float32 local model.*float64"):
         fm.md(
             ase.build.bulk("Cu", "fcc", a=3.61, cubic=True), model="demo-emt-cu",
             dtype="float64", temperature_K=300.0, steps=1, radial_table=True,
@@ -161,7 +173,8 @@ for dtype in (torch.float32, torch.float64):
     grad = torch.randn(77, 200, dtype=dtype, generator=generator).to({device!r})
     weights, slope = _evaluate(r * inverse, coefficients)
     expected_grad = (grad * slope).sum(dim=1) * inverse
-    got, got_grad = lookup(r, coefficients, inverse), lookup_backward(grad, r, coefficients, inverse)
+    got = lookup(r, coefficients, inverse)
+    got_grad = lookup_backward(grad, r, coefficients, inverse)
     report[str(dtype)] = [
         float((got - weights).abs().max() / weights.abs().max()),
         float((got_grad - expected_grad).abs().max() / expected_grad.abs().max()),

@@ -54,7 +54,7 @@ from fastmace.dynamics.polar import (
     per_system_values,
     polar_graph,
 )
-from fastmace.dynamics.radial_table import TableReport, tabulated_model
+from fastmace.dynamics.radial_table import RadialTable, TableReport, tabulated_model
 from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
 from fastmace.dynamics.state import State
 from fastmace.models.backends import rounding_tolerances
@@ -485,6 +485,12 @@ def _compiled(
     with disable_e3nn_codegen():
         if _has_accelerated_kernels(model):
             traceable = weight_sharing_copy(model)
+        elif any(isinstance(module, RadialTable) for module in model.modules()):
+            raise ModelCompileError(
+                "torch.compile rebuilds an e3nn model from its configuration, which has no "
+                "radial tables: run the e3nn backend with radial_table or compile, not both "
+                "(both run together on the cueq, oeq and hybrid backends)"
+            )
         else:
             # Rebuilt under the model's dtype: e3nn keeps some constants outside its buffers.
             with default_dtype(model_dtype(model)):
