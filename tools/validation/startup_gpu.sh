@@ -29,6 +29,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 26  # POLAR-1 engine (graph-longrange); hybrid
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 27  # 32,768 atoms compiled, profiled
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 28  # 32,768 with time for it; MH-1 TF32
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 29  # radial tables: tests, 13,824 atoms
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 30  # radial tables: 32,768, 1,728, 216
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -367,6 +369,34 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     --force-errors --budget-s 160 --case-timeout-s 150 \
     --only "mh-1/216/fastmace-cueq-tf32-compile" > "$OUT/speed-mh1-tf32.log" 2>&1
   echo "MH-1 216 TF32 compiled: exit $?"
+  ;;
+29)
+  # Radial weights from tables: the kernels and the tabulated model on the GPU (tests), then
+  # 13,824 atoms with tables, compiled and not, beside the compiled MLP step, each with its
+  # kernel profile and its forces against float64 e3nn.
+  timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider "$tests/test_radial_table.py" \
+    > "$OUT/gpu_tests_radial_table.txt" 2>&1
+  echo "radial table gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_radial_table.txt"))"
+  timeout 420 python3 benchmarks/md_speed.py --out "$OUT/speed-table-13824" --profile \
+    --force-errors --budget-s 410 --case-timeout-s 200 --only \
+    "mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-compile,mp0-medium/13824/fastmace-cueq-table" \
+    > "$OUT/speed-table-13824.log" 2>&1
+  echo "tables 13824: exit $?"
+  ;;
+30)
+  # 32,768 atoms compiled, with tables and without (no float64 reference: at this size it
+  # does not fit beside the run), then 216 and 1,728 atoms with tables, compiled, and MH-1 at
+  # 216 atoms with TF32 and compile.
+  timeout 330 python3 benchmarks/md_speed.py --out "$OUT/speed-32768" --profile \
+    --budget-s 320 --case-timeout-s 200 --target-s 2 --only \
+    "mp0-medium/32768/fastmace-cueq-table-compile,mp0-medium/32768/fastmace-cueq-compile" \
+    > "$OUT/speed-32768.log" 2>&1
+  echo "32768 compiled, tables and not: exit $?"
+  timeout 230 python3 benchmarks/md_speed.py --out "$OUT/speed-small" --profile \
+    --force-errors --budget-s 220 --case-timeout-s 150 --only \
+    "mp0-medium/1728/fastmace-cueq-table-compile,mp0-medium/216/fastmace-cueq-table-compile,mh-1/216/fastmace-cueq-tf32-compile" \
+    > "$OUT/speed-small.log" 2>&1
+  echo "216 and 1728 with tables, MH-1 TF32: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
