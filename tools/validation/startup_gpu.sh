@@ -31,6 +31,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 28  # 32,768 with time for it; MH-1 TF32
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 29  # radial tables: tests, 13,824 atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 30  # radial tables: 32,768, 1,728, 216
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 31  # radial tables: 1,728 and 216 again
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -397,6 +398,14 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     "mp0-medium/1728/fastmace-cueq-table-compile,mp0-medium/216/fastmace-cueq-table-compile,mh-1/216/fastmace-cueq-tf32-compile" \
     > "$OUT/speed-small.log" 2>&1
   echo "216 and 1728 with tables, MH-1 TF32: exit $?"
+  ;;
+31)
+  # Stage 30's small sizes, which its budget skipped, beside the compiled MLP step at 1,728.
+  timeout 480 python3 benchmarks/md_speed.py --out "$OUT/speed-small" --profile \
+    --force-errors --budget-s 470 --case-timeout-s 150 --only \
+    "mp0-medium/1728/fastmace-cueq-table-compile,mp0-medium/216/fastmace-cueq-table-compile,mp0-medium/1728/fastmace-cueq-compile" \
+    > "$OUT/speed-small.log" 2>&1
+  echo "216 and 1728 with tables, 1728 without: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
