@@ -43,7 +43,13 @@ def synchronize(device: str) -> None:
 
 
 def run_case(
-    loaded: Any, replicas: int, block: int, seconds: float, exchange: bool, device: str
+    loaded: Any,
+    replicas: int,
+    block: int,
+    seconds: float,
+    exchange: bool,
+    device: str,
+    radial_table: bool = False,
 ) -> dict:
     """Time graph replays of ``replicas`` copies; returns one ``cases`` entry."""
     temperatures = geometric_ladder(300.0, 600.0, replicas) if exchange else 300.0
@@ -57,7 +63,10 @@ def run_case(
         exchange_every=block if exchange else 0,
     )
     backend = "cueq" if device == "cuda" else "e3nn"
-    engine = EngineSettings(device=device, backend=backend, dtype="float32", block_steps=block)
+    engine = EngineSettings(
+        device=device, backend=backend, dtype="float32", block_steps=block,
+        radial_table=radial_table,
+    )  # fmt: skip
     simulation = Simulation(
         loaded, [nacl(CELL_ATOMS)] * replicas, settings, output=None, engine=engine,
         progress=io.StringIO(),
@@ -83,7 +92,8 @@ def run_case(
     atoms = replicas * CELL_ATOMS
     case = {
         "model": MODEL, "atoms": atoms, "path": "fastmace",
-        "variant": f"{backend}-replicas-{replicas}" + ("-exchange" if exchange else ""),
+        "variant": f"{backend}-replicas-{replicas}" + ("-exchange" if exchange else "")
+        + ("-table" if radial_table else ""),
         "status": "ok", "ms_per_step": ms_per_step, "replicas": replicas,
         "atom_steps_per_s": atoms / (ms_per_step / 1000), "steps_timed": blocks * block,
         "last_launch": engine.last_launch, "regrowths": engine.regrowths,
@@ -133,6 +143,9 @@ def main() -> None:
         "--exchange", type=int, default=0, metavar="N", help="also N replicas as a ladder"
     )
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test (e3nn backend)")
+    parser.add_argument(
+        "--radial-table", action="store_true", help="radial weights from tables (docs/md.md)"
+    )
     parser.add_argument("--out", default="benchmarks/results/replicas")
     args = parser.parse_args()
     out = Path(args.out)
@@ -147,7 +160,10 @@ def main() -> None:
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         try:
-            case = run_case(loaded, replicas, args.block_steps, args.seconds, exchange, args.device)
+            case = run_case(
+                loaded, replicas, args.block_steps, args.seconds, exchange, args.device,
+                args.radial_table,
+            )  # fmt: skip
         except Exception as error:  # a failed case is recorded and the rest still run
             case = {
                 "model": MODEL, "atoms": replicas * CELL_ATOMS, "path": "fastmace",

@@ -32,6 +32,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 29  # radial tables: tests, 13,824 atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 30  # radial tables: 32,768, 1,728, 216
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 31  # radial tables: 1,728 and 216 again
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 32  # 256 replicas; 1 and 64 with tables
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -406,6 +407,16 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     "mp0-medium/1728/fastmace-cueq-table-compile,mp0-medium/216/fastmace-cueq-table-compile,mp0-medium/1728/fastmace-cueq-compile" \
     > "$OUT/speed-small.log" 2>&1
   echo "216 and 1728 with tables, 1728 without: exit $?"
+  ;;
+32)
+  # Issue 15: 256 replicas in a call of their own (two earlier calls ran out of time before
+  # them), then 1 and 64 replicas with radial tables.
+  timeout 270 python3 benchmarks/replica_throughput.py --replicas 256 --seconds 3 \
+    --out "$OUT/replicas-256" > "$OUT/replicas-256.log" 2>&1
+  echo "256 replicas: exit $?"
+  timeout 200 python3 benchmarks/replica_throughput.py --replicas 1,64 --seconds 3 \
+    --radial-table --out "$OUT/replicas-table" > "$OUT/replicas-table.log" 2>&1
+  echo "1 and 64 replicas with tables: exit $?"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
