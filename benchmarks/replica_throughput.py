@@ -31,6 +31,7 @@ from fastmace.dynamics.replica_exchange import geometric_ladder
 from fastmace.io import OutputSchedule
 from fastmace.models.load import load
 from fastmace.planner import EngineSettings
+from fastmace.runtime import environment
 from fastmace.simulation import RunSettings, Simulation
 
 MODEL = "mp0-medium"
@@ -151,6 +152,15 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     backend = "cueq" if args.device == "cuda" else "e3nn"
+    kernel_choice = None
+    if args.device == "cuda":
+        # The planner fixes cuEquivariance's kernel choice for every fm.md run; this script
+        # bypasses it. Unfixed, cuEquivariance-ops times its candidate kernels at each new
+        # size on the first call: 46 s at 13,824 atoms, more than a call's limit at 55,296
+        # (256 replicas timed out three times; docs/validation/many-systems.md).
+        kernel_choice = environment.configure_cueq_kernel_choice(
+            environment.CUEQ_KERNEL_CHOICE_VALUE
+        )
     loaded = load(f"template:{MODEL}", backend=backend, device=args.device, dtype="float32", seed=0)
     counts = [int(count) for count in args.replicas.split(",")]
     plan = [(count, False) for count in counts] + ([(args.exchange, True)] if args.exchange else [])
@@ -173,7 +183,10 @@ def main() -> None:
         print(json.dumps(case), flush=True)
         cases.append(case)
         ok = [c for c in cases if c["status"] == "ok"]
-        record = {"torch": torch.__version__, "device": device_name(), "cases": cases}
+        record = {
+            "torch": torch.__version__, "device": device_name(),
+            "cueq_kernel_choice": kernel_choice, "cases": cases,
+        }  # fmt: skip
         (out / "replica_throughput.json").write_text(json.dumps(record, indent=1))
         (out / "replica_throughput.md").write_text(markdown(ok))
         if args.device == "cuda":
