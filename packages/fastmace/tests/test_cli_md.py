@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from argparse import ArgumentTypeError
 
 import pytest
@@ -24,6 +25,20 @@ def test_md_writes_a_run_directory_and_refuses_to_overwrite_it(clean_env, tmp_pa
     second = run_fastmace(args, clean_env)
     assert second.returncode == 1
     assert "resume" in second.stderr and "Traceback" not in second.stderr
+
+
+def test_md_radial_table_runs_in_float32_and_is_refused_in_float64(clean_env, tmp_path):
+    run = tmp_path / "run"
+    base = ["md", str(EXAMPLE), "--temperature", "300", "--steps", "4", "--radial-table"]
+    result = run_fastmace([*base, "--dtype", "float32", "--output", str(run)], clean_env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "radial weights from tables" in result.stdout
+    metadata = json.loads((run / "metadata.json").read_text())
+    assert metadata["engine"]["radial_table"]["intervals"] >= 256
+    # The demo model is float64 on the CPU: the table would exceed its rounding.
+    refused = run_fastmace([*base, "--output", str(tmp_path / "refused")], clean_env)
+    assert refused.returncode == 1 and "float32 local model" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "refused").exists()
 
 
 def test_run_config_runs_and_resolves_paths_against_the_file(clean_env, tmp_path):
