@@ -8,11 +8,12 @@ evaluated once, in float64, at N + 1 evenly spaced distances from 0 to r_max, wi
 derivative, and a step reads it back by cubic Hermite interpolation: one pass over the weights
 forward and one backward, instead of four GEMMs each way.
 
-The table is sized so that its interpolation error, measured against the float64 MLP halfway
-between nodes (where it is largest), is below :data:`TABLE_TOLERANCE` of the largest weight:
-well under float32 rounding. It is still an approximation of the model, so it is an explicit
-setting (``EngineConfig(radial_table=True)``, docs/md.md), never the default; the gate checks
-a tabulated run against float64 e3nn with the float32 tolerance.
+The number of intervals is doubled until the table's error, measured against the float64 MLP
+at three points inside every interval, is below :data:`TABLE_TOLERANCE` of the largest weight
+and of the largest slope (forces come from the slope): well under float32 rounding. It is
+still an approximation of the model, so it is an explicit setting
+(``EngineConfig(radial_table=True)``, docs/md.md), never the default; the gate checks a
+tabulated run against float64 e3nn with the float32 tolerance.
 
 Beyond r_max the cutoff makes every weight zero, as the table's last node is, so the padding
 edges (placed at 2 r_max) read zeros with zero derivative. On CUDA the lookup and its
@@ -40,8 +41,8 @@ _Function = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 TABLE_BLOCKS = frozenset({"RealAgnosticInteractionBlock", "RealAgnosticResidualInteractionBlock"})
 # Largest interpolation error allowed, relative to the table's largest weight.
 TABLE_TOLERANCE = 1e-6
-FIRST_NODES = 256  # intervals tried first; doubled until the tolerance holds
-MOST_NODES = 8192  # beyond this the radial function is not smooth enough to tabulate
+FIRST_INTERVALS = 256  # tried first; doubled until the tolerance holds
+MOST_INTERVALS = 8192  # beyond this the radial function is not smooth enough to tabulate
 
 
 class TableError(ValueError):
@@ -55,7 +56,7 @@ class TableReport:
     blocks: int
     intervals: int  # the most any block needed
     spacing_A: float
-    max_relative_error: float  # largest midpoint error / largest weight, over the blocks
+    max_relative_error: float  # largest error / largest weight or slope, over the blocks
     megabytes: float
 
 
@@ -83,7 +84,7 @@ def tabulated_model(
     The copy shares every other weight with ``model``; its radial embedding passes the edge
     lengths through, and each block's ``conv_tp_weights`` is a :class:`RadialTable`. Raises
     :class:`TableError` for a model that :func:`table_refusal` refuses or whose radial
-    functions need more than ``MOST_NODES`` nodes.
+    functions need more than ``MOST_INTERVALS`` intervals.
     """
     refusal = table_refusal(model)
     if refusal is not None:
@@ -91,10 +92,10 @@ def tabulated_model(
     embedding = model.radial_embedding
     r_max = float(model.r_max)
     cutoff_outside = not getattr(embedding, "apply_cutoff", True)
-    copy = shallow_copy(model)
-    copy.radial_embedding = DistanceEmbedding()
+    tabulated = shallow_copy(model)
+    tabulated.radial_embedding = DistanceEmbedding()
     blocks = shallow_copy(model.interactions)
-    copy.interactions = blocks
+    tabulated.interactions = blocks
     tables = []
     for index, original in enumerate(model.interactions):
         table = RadialTable.build(
@@ -114,7 +115,7 @@ def tabulated_model(
         max_relative_error=max(t.max_relative_error for t in tables),
         megabytes=sum(t.megabytes for t in tables),
     )
-    return copy, report
+    return tabulated, report
 
 
 class DistanceEmbedding(torch.nn.Module):
@@ -157,23 +158,23 @@ class RadialTable(torch.nn.Module):
     def build(
         cls, radial: _Function, r_max: float, tolerance: float, like: torch.Tensor
     ) -> RadialTable:
-        """Tabulate ``radial`` on [0, r_max], doubling the nodes until ``tolerance`` holds."""
-        nodes = FIRST_NODES
+        """Tabulate ``radial`` on [0, r_max], doubling the intervals until ``tolerance`` holds."""
+        intervals = FIRST_INTERVALS
         while True:
-            spacing = r_max / nodes
-            grid = torch.arange(nodes + 1, dtype=torch.float64, device=like.device) * spacing
+            spacing = r_max / intervals
+            grid = torch.arange(intervals + 1, dtype=torch.float64, device=like.device) * spacing
             values, derivatives = radial(grid)
             coefficients = _cubic_coefficients(values, derivatives * spacing)
             error = _table_error(radial, grid, coefficients)
             if error <= tolerance:
                 break
-            if nodes >= MOST_NODES:
+            if intervals >= MOST_INTERVALS:
                 raise TableError(
-                    f"the radial weights cannot be tabulated: with {nodes} intervals the "
+                    f"the radial weights cannot be tabulated: with {intervals} intervals the "
                     f"interpolation error is {error:.1e} of the largest weight or slope, "
                     f"above {tolerance:.0e}; run without radial_table"
                 )
-            nodes *= 2
+            intervals *= 2
         return cls(coefficients.to(like.dtype), spacing, error)
 
     @property
