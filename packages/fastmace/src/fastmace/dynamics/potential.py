@@ -481,16 +481,18 @@ def _compiled(
 
     from fastmace.runtime import cache, environment
 
+    accelerated = _has_accelerated_kernels(model)
+    if not accelerated and any(isinstance(module, RadialTable) for module in model.modules()):
+        # Refused before anything is set up for compilation.
+        raise ModelCompileError(
+            "torch.compile rebuilds an e3nn model from its configuration, which has no radial "
+            "tables: run the e3nn backend with radial_table or compile, not both (both run "
+            "together on the cueq, oeq and hybrid backends)"
+        )
     environment.configure_compile_caches(cache.cache_root().path)
     with disable_e3nn_codegen():
-        if _has_accelerated_kernels(model):
+        if accelerated:
             traceable = weight_sharing_copy(model)
-        elif any(isinstance(module, RadialTable) for module in model.modules()):
-            raise ModelCompileError(
-                "torch.compile rebuilds an e3nn model from its configuration, which has no "
-                "radial tables: run the e3nn backend with radial_table or compile, not both "
-                "(both run together on the cueq, oeq and hybrid backends)"
-            )
         else:
             # Rebuilt under the model's dtype: e3nn keeps some constants outside its buffers.
             with default_dtype(model_dtype(model)):
