@@ -551,6 +551,20 @@ IMPOSSIBLE = [
         ["matmul_precision='tf32'", "float32 model on a CUDA device", "cpu"],
     ),
     (
+        "radial-table-in-a-float64-plan",
+        {"precision": "float64"},
+        EngineConfig(radial_table=True),
+        EVERYTHING,
+        ["radial_table=True", "float32 local model", "float64"],
+    ),
+    (
+        "radial-table-for-a-long-range-model",
+        {"long_range": True},
+        EngineConfig(radial_table=True),
+        EVERYTHING,
+        ["radial_table=True", "long-range model"],
+    ),
+    (
         "tf32-in-a-float64-plan",
         {"precision": "float64"},
         EngineConfig(matmul_precision="tf32"),
@@ -836,6 +850,15 @@ def test_probe_describes_this_machine() -> None:
     plan = make_plan(workload(), None, found)
     if not found.gpu:
         assert (plan.device, plan.backend) == ("cpu", "e3nn")
+
+
+def test_radial_tables_only_when_forced() -> None:
+    plain = make_plan(workload(), None, EVERYTHING)
+    assert plain.radial_table is False and plain.decision("radial_table").source == "rule"
+    assert "radial" not in plain.describe()
+    tables = make_plan(workload(), EngineConfig(radial_table=True), EVERYTHING)
+    assert tables.radial_table and tables.engine_settings().radial_table
+    assert "radial       table" in tables.describe()
 
 
 def test_matmul_precision_is_float32_unless_tf32_is_forced() -> None:
