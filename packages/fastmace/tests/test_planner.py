@@ -565,6 +565,13 @@ IMPOSSIBLE = [
         ["radial_table=True", "long-range model"],
     ),
     (
+        "radial-table-compiled-on-e3nn",
+        {"precision": "float32"},
+        EngineConfig(radial_table=True, compile=True),
+        NO_GPU,
+        ["radial_table=True", "compile=True", "e3nn", "cueq, oeq or hybrid"],
+    ),
+    (
         "tf32-in-a-float64-plan",
         {"precision": "float64"},
         EngineConfig(matmul_precision="tf32"),

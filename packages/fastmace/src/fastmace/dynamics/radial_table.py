@@ -39,7 +39,7 @@ _Function = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 # modules/blocks.py). The density blocks feed it to a second MLP, the non-linear ones append
 # per-element embeddings.
 TABLE_BLOCKS = frozenset({"RealAgnosticInteractionBlock", "RealAgnosticResidualInteractionBlock"})
-# Largest interpolation error allowed, relative to the table's largest weight.
+# Largest interpolation error allowed, relative to the largest weight and the largest slope.
 TABLE_TOLERANCE = 1e-6
 FIRST_INTERVALS = 256  # tried first; doubled until the tolerance holds
 MOST_INTERVALS = 8192  # beyond this the radial function is not smooth enough to tabulate
@@ -125,7 +125,6 @@ class DistanceEmbedding(torch.nn.Module):
     """
 
     apply_cutoff = True  # as pair_radials reads it: no per-edge factor after the weights
-    out_dim = 1
 
     def forward(
         self,

@@ -96,7 +96,7 @@ def make_plan(
     dtype = _dtype(workload, config, device.value)
     graphs = _graphs(config, device.value, workload.long_range)
     matmul = _matmul_precision(config, device.value, dtype.value)
-    table = _radial_table(config, dtype.value, workload.long_range)
+    table = _radial_table(config, dtype.value, backend.value, workload.long_range)
     emulation = _fp64_emulation(config, device.value, dtype.value)
     segments = _expandable_segments(config, availability, device.value)
     kernel_choice = _cueq_kernel_choice(workload, availability, device.value, backend.value)
@@ -237,7 +237,7 @@ def _matmul_precision(config: EngineConfig, device: str, dtype: str) -> Decision
     return Decision("matmul_precision", forced, _forced("matmul_precision", forced), FORCED)
 
 
-def _radial_table(config: EngineConfig, dtype: str, long_range: bool) -> Decision:
+def _radial_table(config: EngineConfig, dtype: str, backend: str, long_range: bool) -> Decision:
     if not config.radial_table:
         reason = (
             _forced("radial_table", False)
@@ -254,6 +254,13 @@ def _radial_table(config: EngineConfig, dtype: str, long_range: bool) -> Decisio
             f"EngineConfig(radial_table=True) needs a float32 local model, but the plan runs "
             f"{why}: the table's error (1e-6 of the weights) would exceed a float64 run's "
             "rounding, and the long-range model's blocks are not tabulated; leave radial_table=None"
+        )
+    if config.compile and backend == "e3nn":
+        # Refused here, before a run directory exists, rather than at the first compiled call.
+        raise PlanError(
+            "EngineConfig(radial_table=True) and compile=True cannot run together on the e3nn "
+            "backend: torch.compile rebuilds an e3nn model from its configuration, which has "
+            "no radial tables; drop one of them, or use the cueq, oeq or hybrid backend"
         )
     return Decision("radial_table", True, _forced("radial_table", True), FORCED)
 
