@@ -125,6 +125,16 @@ def test_models_whose_weights_are_not_a_function_of_the_distance_are_refused(mon
         Potential(template("polar-tiny", dtype=torch.float32), [1, 8], radial_table=True)
 
 
+def test_a_run_whose_model_cannot_have_tables_writes_nothing(tmp_path):
+    atoms = ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True)
+    with pytest.raises(TableError, match="RealAgnosticResidualNonLinearInteractionBlock"):
+        fm.md(
+            atoms, model="template:mh-1", head="omat_pbe", dtype="float32", temperature_K=300.0,
+            steps=2, radial_table=True, output=tmp_path / "run",
+        )  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_table_run_records_its_tables_and_passes_the_gate(tmp_path):
     atoms = ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True)
     atoms.rattle(0.05, seed=1)

@@ -120,6 +120,19 @@ class Simulation:
             state = maxwell_boltzmann_velocities(
                 state, settings.initial_temperature_K, self.streams
             )
+        # The potential before the run directory: a model it refuses (its species, a radial
+        # table it cannot have) leaves nothing behind. A restart keeps the atoms' elements.
+        setup_parts = {}  # each part's seconds: where set-up goes (metadata.json)
+        tick = time.perf_counter()
+        self.potential = Potential.from_loaded(
+            model,
+            state.atomic_numbers,
+            compile=self.engine_settings.compile,
+            compile_fallback=self.engine_settings.compile_fallback,
+            matmul_precision=self.engine_settings.matmul_precision,
+            radial_table=self.engine_settings.radial_table,
+        )
+        setup_parts["setup_potential_s"] = time.perf_counter() - tick
         restart = None
         if output is not None:
             self.output = (
@@ -140,17 +153,6 @@ class Simulation:
         try:
             if restart is not None:
                 state = _state_from_restart(state, restart.payload)
-            setup_parts = {}  # each part's seconds: where set-up goes (metadata.json)
-            tick = time.perf_counter()
-            self.potential = Potential.from_loaded(
-                model,
-                state.atomic_numbers,
-                compile=self.engine_settings.compile,
-                compile_fallback=self.engine_settings.compile_fallback,
-                matmul_precision=self.engine_settings.matmul_precision,
-                radial_table=self.engine_settings.radial_table,
-            )
-            setup_parts["setup_potential_s"] = time.perf_counter() - tick
             tick = time.perf_counter()
             neighbours, edges = self._neighbour_list(state, restart)
             setup_parts["setup_neighbours_s"] = time.perf_counter() - tick
