@@ -7,6 +7,8 @@ times graph replays only (after the eager warm-up block, the capture and one mor
 reports ms per step, atom-steps per second and the gain over one replica. With
 ``--exchange N``, N replicas run again as a replica-exchange ladder (300 to 600 K, an
 exchange at the end of every block, inside the captured graph) to show what the swaps cost.
+``--radial-table`` and ``--compile`` run every case with radial tables and torch.compile, the
+fastest settings for one cell and for many alike (performance.md).
 
     . .gpu/setup.sh && PYTHONPATH=$PWD/packages/fastmace/src:$PYTHONPATH \
         python benchmarks/replica_throughput.py --out $OUT/replicas
@@ -51,6 +53,7 @@ def run_case(
     exchange: bool,
     device: str,
     radial_table: bool = False,
+    compile_model: bool = False,
 ) -> dict:
     """Time graph replays of ``replicas`` copies; returns one ``cases`` entry."""
     temperatures = geometric_ladder(300.0, 600.0, replicas) if exchange else 300.0
@@ -66,7 +69,7 @@ def run_case(
     backend = "cueq" if device == "cuda" else "e3nn"
     engine = EngineSettings(
         device=device, backend=backend, dtype="float32", block_steps=block,
-        radial_table=radial_table,
+        radial_table=radial_table, compile=compile_model,
     )  # fmt: skip
     simulation = Simulation(
         loaded, [nacl(CELL_ATOMS)] * replicas, settings, output=None, engine=engine,
@@ -94,7 +97,7 @@ def run_case(
     case = {
         "model": MODEL, "atoms": atoms, "path": "fastmace",
         "variant": f"{backend}-replicas-{replicas}" + ("-exchange" if exchange else "")
-        + ("-table" if radial_table else ""),
+        + ("-table" if radial_table else "") + ("-compile" if compile_model else ""),
         "status": "ok", "ms_per_step": ms_per_step, "replicas": replicas,
         "atom_steps_per_s": atoms / (ms_per_step / 1000), "steps_timed": blocks * block,
         "last_launch": engine.last_launch, "regrowths": engine.regrowths,
@@ -112,11 +115,11 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 
 
-def markdown(cases: list[dict]) -> str:
+def markdown(cases: list[dict], settings: str) -> str:
     one = next((c["atom_steps_per_s"] for c in cases if c["replicas"] == 1), None)
     lines = [
         f"# Replicas of the {CELL_ATOMS}-atom NaCl cell ({device_name()}, "
-        f"torch {torch.__version__}, {MODEL} template, cuEq, float32)",
+        f"torch {torch.__version__}, {MODEL} template, {settings})",
         "",
         "| replicas | atoms | ms/step | atom-steps/s | vs one replica | peak GiB |",
         "|---:|---:|---:|---:|---:|---:|",
@@ -147,6 +150,9 @@ def main() -> None:
     parser.add_argument(
         "--radial-table", action="store_true", help="radial weights from tables (docs/md.md)"
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="the model through torch.compile (docs/md.md)"
+    )
     parser.add_argument("--out", default="benchmarks/results/replicas")
     args = parser.parse_args()
     out = Path(args.out)
@@ -165,6 +171,9 @@ def main() -> None:
     counts = [int(count) for count in args.replicas.split(",")]
     plan = [(count, False) for count in counts] + ([(args.exchange, True)] if args.exchange else [])
     plan.sort()  # smallest first; the ladder right after the plain batch of its size
+    settings = ", ".join(
+        [backend, "float32"] + ["radial tables"] * args.radial_table + ["compiled"] * args.compile
+    )
     cases: list[dict] = []
     for replicas, exchange in plan:
         if args.device == "cuda":
@@ -172,7 +181,7 @@ def main() -> None:
         try:
             case = run_case(
                 loaded, replicas, args.block_steps, args.seconds, exchange, args.device,
-                args.radial_table,
+                args.radial_table, args.compile,
             )  # fmt: skip
         except Exception as error:  # a failed case is recorded and the rest still run
             case = {
@@ -188,7 +197,7 @@ def main() -> None:
             "cueq_kernel_choice": kernel_choice, "cases": cases,
         }  # fmt: skip
         (out / "replica_throughput.json").write_text(json.dumps(record, indent=1))
-        (out / "replica_throughput.md").write_text(markdown(ok))
+        (out / "replica_throughput.md").write_text(markdown(ok, settings))
         if args.device == "cuda":
             torch.cuda.empty_cache()
 

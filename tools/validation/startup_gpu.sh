@@ -33,6 +33,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 30  # radial tables: 32,768, 1,728, 216
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 31  # radial tables: 1,728 and 216 again
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 32  # 256 replicas; 1 and 64 with tables
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 33  # 1 to 256 replicas; batches' memory
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 34  # 1 to 256 replicas, tables + compile
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -417,6 +419,24 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   timeout 200 python3 benchmarks/replica_throughput.py --replicas 1,64 --seconds 3 \
     --radial-table --out "$OUT/replicas-table" > "$OUT/replicas-table.log" 2>&1
   echo "1 and 64 replicas with tables: exit $?"
+  ;;
+33)
+  # Issue 15: 1, 8, 64 and 256 replicas in one run, now with cuEquivariance's kernel choice
+  # fixed; then 2,048 replicas in batches sized from measured memory, to see the allocator's
+  # reserved peak now that a finished batch is released before the next one sets up.
+  timeout 300 python3 benchmarks/replica_throughput.py --replicas 1,8,64,256 --seconds 3 \
+    --out "$OUT/replicas" > "$OUT/replicas.log" 2>&1
+  echo "replicas: exit $? ($(tail -6 "$OUT/replicas/replica_throughput.md" 2>/dev/null))"
+  timeout 250 python3 tools/validation/batches_gpu.py --steps 40 --out "$OUT/batches" \
+    > "$OUT/batches.log" 2>&1
+  echo "batches: exit $? ($(tail -c 400 "$OUT/batches.log"))"
+  ;;
+34)
+  # Issue 15: the same four batch sizes with the fastest settings for one cell and for many
+  # alike (radial tables and torch.compile), so the ratio compares best with best.
+  timeout 560 python3 benchmarks/replica_throughput.py --replicas 1,8,64,256 --seconds 3 \
+    --radial-table --compile --out "$OUT/replicas-compile" > "$OUT/replicas-compile.log" 2>&1
+  echo "replicas compiled: exit $? ($(tail -6 "$OUT/replicas-compile/replica_throughput.md" 2>/dev/null))"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
