@@ -35,6 +35,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 32  # 256 replicas; 1 and 64 with tables
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 33  # 1 to 256 replicas; batches' memory
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 34  # 1 to 256 replicas, tables + compile
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 35  # first calls at new sizes; gpu tests
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -437,6 +438,18 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   timeout 560 python3 benchmarks/replica_throughput.py --replicas 1,8,64,256 --seconds 3 \
     --radial-table --compile --out "$OUT/replicas-compile" > "$OUT/replicas-compile.log" 2>&1
   echo "replicas compiled: exit $? ($(tail -6 "$OUT/replicas-compile/replica_throughput.md" 2>/dev/null))"
+  ;;
+35)
+  # What makes a size new to cuEquivariance (batches of 707 and 634 cells paid 50 s each for
+  # their first forces); then the engine's GPU tests on this session's code.
+  timeout 200 python3 tools/validation/first_call_sizes.py --out "$OUT/first-call" \
+    > "$OUT/first-call.log" 2>&1
+  echo "first calls: exit $? ($(grep -o '"atoms": [0-9]*, "first_s": [0-9.]*' "$OUT/first-call.log" | tr '\n' ' '))"
+  timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_relax.py" \
+    "$tests/test_quiet_run.py" "$tests/test_engine_gpu.py" "$tests/test_neighbours.py" \
+    "$tests/test_potential.py" "$tests/test_engine_settings.py" "$tests/test_integrators.py" \
+    "$tests/test_md_environment.py" > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests.txt"))"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
