@@ -46,6 +46,10 @@ set -u
 OUT=${OUT:-/tmp/startup-gpu}
 mkdir -p "$OUT"
 export FASTMACE_CACHE=${FASTMACE_CACHE:-/tmp/fastmace-cache}
+# .gpu/setup.sh installs with --no-compile; pip compiles bytecode at install and keeps its
+# warnings to itself, so a user never sees graph-longrange's SyntaxWarning ('\D' in a
+# docstring) that its first import here would print into the quiet-run tests.
+python3 -m compileall -q /tmp/gpu-site/graph_longrange > /dev/null 2>&1 || true
 export PYTHONPATH="$PWD/packages/fastmace/src:${PYTHONPATH:-}"
 tests=packages/fastmace/tests
 
