@@ -13,6 +13,8 @@ import contextlib
 import hashlib
 import io
 import os
+import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,11 +35,13 @@ class NotAMaceModelError(ValueError):
 def contained() -> Iterator[None]:
     """Undo what mace-torch and its libraries do to the process: default dtype, environment
     variables (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` above all), warning filters; the libraries'
-    warnings about their own code are not shown (:mod:`fastmace.models.quiet`)."""
+    warnings about their own code are not shown (:mod:`fastmace.models.quiet`), and the
+    models built in the block share no rounded constants (:func:`clebsch_gordan_in_float64`)."""
     dtype = torch.get_default_dtype()
     environ = dict(os.environ)
     try:
-        with library_noise_silenced():  # a catch_warnings(): the user's filters come back
+        # a catch_warnings(): the user's filters come back
+        with library_noise_silenced(), clebsch_gordan_in_float64():
             yield
     finally:
         torch.set_default_dtype(dtype)
@@ -46,6 +50,66 @@ def contained() -> Iterator[None]:
         for name, value in environ.items():
             if os.environ.get(name) != value:
                 os.environ[name] = value
+
+
+_CG_LOCK = threading.Lock()
+_CG_USERS = 0  # blocks inside clebsch_gordan_in_float64, in all threads
+
+
+@contextlib.contextmanager
+def clebsch_gordan_in_float64() -> Iterator[None]:
+    """mace-torch's Clebsch-Gordan coefficients for cuEquivariance in float64, whatever torch's
+    default dtype, for the block.
+
+    mace-torch's ``O3_e3nn.clebsch_gordan`` (``mace.tools.cg``) calls e3nn's ``wigner_3j`` in
+    torch's default dtype, and cuEquivariance keeps what it builds from them (the coupling
+    matrices of the symmetric contractions, their descriptors) in in-process caches keyed by
+    the irreps alone. A float32 model built first left float32-rounded coefficients there, and
+    every float64 model built later in the process was off by up to 3e-8 in its coupling
+    matrices. In float64 the cached values are the same whichever model comes first (float32
+    models get them rounded once, at the end). The library's own method does the work; only
+    the default dtype around it changes. Reentrant and thread-safe: the first block in
+    replaces the method, the last one out puts it back.
+    """
+    global _CG_USERS
+    with _CG_LOCK:
+        if _CG_USERS == 0:
+            _install_float64_clebsch_gordan()
+        _CG_USERS += 1
+    try:
+        yield
+    finally:
+        with _CG_LOCK:
+            _CG_USERS -= 1
+            if _CG_USERS == 0:
+                _restore_clebsch_gordan()
+
+
+_CG_ORIGINALS: dict[type, classmethod] = {}  # mace-torch's own methods, while replaced
+
+
+def _install_float64_clebsch_gordan() -> None:
+    """Nothing to do before mace-torch is imported (no model is built before then) or without
+    cuEquivariance (mace-torch then defines no such method)."""
+    cls = getattr(sys.modules.get("mace.tools.cg"), "O3_e3nn", None)
+    original = vars(cls).get("clebsch_gordan") if cls is not None else None
+    if isinstance(original, classmethod):
+        _CG_ORIGINALS[cls] = original
+        cls.clebsch_gordan = classmethod(_in_float64(original.__func__))
+
+
+def _restore_clebsch_gordan() -> None:
+    for cls, original in _CG_ORIGINALS.items():
+        cls.clebsch_gordan = original
+    _CG_ORIGINALS.clear()
+
+
+def _in_float64(method: Any) -> Any:
+    def clebsch_gordan(cls: type, *irreps: Any) -> Any:
+        with default_dtype(torch.float64):
+            return method(cls, *irreps)
+
+    return clebsch_gordan
 
 
 @contextlib.contextmanager

@@ -59,6 +59,11 @@ BUILDERS = (
 )
 
 
+# The Clebsch-Gordan coefficients behind every entry (fastmace.models.checkpoint's
+# clebsch_gordan_in_float64), part of the key.
+_COEFFICIENTS = "clebsch-gordan-float64"
+
+
 @contextlib.contextmanager
 def descriptors_cached_on_disk() -> Iterator[None]:
     """Within the block, the symmetric-contraction descriptors come from the cache root when
@@ -89,12 +94,14 @@ def entry_path(
 ) -> Path:
     """Where the result of these arguments is kept (the key covers all of them, and torch's
     default dtype: mace-torch builds its coupling matrices in it, so a projection built for a
-    float32 model is not precise enough for a float64 one)."""
+    float32 model is not precise enough for a float64 one). ``_COEFFICIENTS`` keeps out the
+    entries written before the coefficients were float64 in every process: one written by a
+    process that had built a float32 model first can be float32-rounded under a float64 key."""
     import torch
 
     key = repr(
         (builder.module, version, repr(irreps_in), repr(irreps_out), tuple(degrees),
-         str(torch.get_default_dtype()))
+         str(torch.get_default_dtype()), _COEFFICIENTS)
     )  # fmt: skip
     name = hashlib.sha256(key.encode()).hexdigest()[:32]
     return cache_dir("compile", "cueq") / f"{builder.name}-{name}.pickle"
