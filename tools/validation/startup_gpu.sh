@@ -36,6 +36,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 33  # 1 to 256 replicas; batches' memory
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 34  # 1 to 256 replicas, tables + compile
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 35  # first calls at new sizes; gpu tests
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 36  # quiet runs; float64 after float32
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -454,6 +455,19 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     "$tests/test_potential.py" "$tests/test_engine_settings.py" "$tests/test_integrators.py" \
     "$tests/test_md_environment.py" > "$OUT/gpu_tests.txt" 2>&1
   echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests.txt"))"
+  ;;
+36)
+  # The quiet-run tests with graph-longrange's bytecode compiled as pip compiles it; then the
+  # GPU tests whose float64 references follow float32 models in one process (the Clebsch-Gordan
+  # coefficients now float64 whatever was built first): POLAR-1, radial tables, pair radials.
+  timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_quiet_run.py" \
+    > "$OUT/gpu_tests_quiet.txt" 2>&1
+  echo "quiet-run gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_quiet.txt"))"
+  timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_radial_table.py" \
+    "$tests/test_build_order.py" > "$OUT/gpu_tests_tables.txt" 2>&1
+  echo "tables gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_tables.txt"))"
+  polar_tests
+  pair_tests 36
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
