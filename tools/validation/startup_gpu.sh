@@ -460,7 +460,7 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   # The quiet-run tests with graph-longrange's bytecode compiled as pip compiles it; then the
   # GPU tests whose float64 references follow float32 models in one process (the Clebsch-Gordan
   # coefficients now float64 whatever was built first): POLAR-1, radial tables, pair radials.
-  timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_quiet_run.py" \
+  timeout 230 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_quiet_run.py" \
     > "$OUT/gpu_tests_quiet.txt" 2>&1
   echo "quiet-run gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_quiet.txt"))"
   timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_radial_table.py" \
