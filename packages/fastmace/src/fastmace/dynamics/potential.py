@@ -58,12 +58,7 @@ from fastmace.dynamics.radial_table import RadialTable, TableReport, tabulated_m
 from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
 from fastmace.dynamics.state import State
 from fastmace.models.backends import rounding_tolerances
-from fastmace.models.checkpoint import (
-    clebsch_gordan_in_float64,
-    default_dtype,
-    model_device,
-    model_dtype,
-)
+from fastmace.models.checkpoint import contained, default_dtype, model_device, model_dtype
 from fastmace.models.reference import check_structure
 from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS
 
@@ -500,8 +495,8 @@ def _compiled(
             traceable = weight_sharing_copy(model)
         else:
             # Rebuilt under the model's dtype: e3nn keeps some constants outside its buffers.
-            # Coefficients in float64: cuEquivariance caches them for later models.
-            with default_dtype(model_dtype(model)), clebsch_gordan_in_float64():
+            # A model build like any other, so inside contained() (its coefficients in float64).
+            with contained(), default_dtype(model_dtype(model)):
                 traceable = extract_model(model, map_location=str(model_device(model)))
             # The rebuild loads weights leniently: put FastMACE's replaced modules back, and
             # refuse a rebuild that left any other weight at its random initial value.
