@@ -212,11 +212,39 @@ CASES: list[tuple[str, dict, EngineConfig, Availabilities, dict, dict, list]] = 
         [("compile", False), ("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
     (
-        "long-small-run-stays-uncompiled",
+        "long-small-run-compiles",
         {"atoms_per_system": (216,), "steps": 100_000},
         EngineConfig(),
         EVERYTHING,
-        {"compile": (False, "save about 76 s", "measured")},
+        {"compile": (True, "save about 76 s against about 30 s", "measured")},
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("compile", False), ("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "short-small-run-stays-uncompiled",
+        {"atoms_per_system": (216,), "steps": 10_000},
+        EngineConfig(),
+        EVERYTHING,
+        {"compile": (False, "save about 8 s against about 30 s of compilation (with", "measured")},
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        # The cache's record of this model's last compilation here makes a short run pay.
+        "recorded-compilation-short-run-compiles",
+        {"atoms_per_system": (13_824,), "steps": 1_000, "compile_cost_s": 4.0},
+        EngineConfig(),
+        EVERYTHING,
+        {"compile": (True, "save about 6 s against about 4 s of compilation (as this", "measured")},
+        {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
+        [("compile", False), ("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
+    ),
+    (
+        "recorded-compilation-too-slow-for-the-run",
+        {"atoms_per_system": (13_824,), "steps": 1_000, "compile_cost_s": 12.0},
+        EngineConfig(),
+        EVERYTHING,
+        {"compile": (False, "against about 12 s of compilation (as this model's", "measured")},
         {"PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "set")},
         [("backend", "hybrid"), ("backend", "e3nn"), ("graphs", False)],
     ),
@@ -859,13 +887,40 @@ def test_probe_describes_this_machine() -> None:
         assert (plan.device, plan.backend) == ("cpu", "e3nn")
 
 
-def test_radial_tables_only_when_forced() -> None:
-    plain = make_plan(workload(), None, EVERYTHING)
-    assert plain.radial_table is False and plain.decision("radial_table").source == "rule"
-    assert "radial" not in plain.describe()
-    tables = make_plan(workload(), EngineConfig(radial_table=True), EVERYTHING)
-    assert tables.radial_table and tables.engine_settings().radial_table
-    assert "radial       table" in tables.describe()
+def test_radial_tables_by_default_where_the_model_allows_them() -> None:
+    tabulable = workload(tabulable_radials=True)
+    chosen = make_plan(tabulable, None, EVERYTHING)
+    assert chosen.radial_table and chosen.engine_settings().radial_table
+    assert chosen.decision("radial_table").source == "measured"
+    assert chosen.engine_settings().radial_table_fallback  # chosen, so a failed build falls back
+    assert "radial       table" in chosen.describe()
+    # Each reason the rule keeps the MLPs: the model, the device, the dtype, long range.
+    for changes, words in (
+        ({"tabulable_radials": False}, "see more than the distance"),
+        ({"tabulable_radials": True, "device": "cpu"}, "float32 runs on CUDA"),
+        ({"tabulable_radials": True, "precision": "float64"}, "float32 runs on CUDA"),
+        ({"tabulable_radials": True, "long_range": True}, "long-range"),
+    ):
+        plain = make_plan(workload(**changes), None, EVERYTHING)
+        decision = plain.decision("radial_table")
+        assert (decision.value, decision.source) == (False, "rule"), changes
+        assert words in decision.reason, (changes, decision.reason)
+        assert "radial" not in plain.describe()
+    # Turned off, or forced where the rule would not choose it.
+    off = make_plan(tabulable, EngineConfig(radial_table=False), EVERYTHING)
+    assert not off.radial_table and off.decision("radial_table").source == "forced"
+    forced = make_plan(workload(), EngineConfig(radial_table=True), EVERYTHING)
+    assert forced.radial_table and not forced.engine_settings().radial_table_fallback
+    # On e3nn with compile forced, the rule leaves the tables out instead of refusing.
+    e3nn = make_plan(tabulable, EngineConfig(backend="e3nn", compile=True), EVERYTHING)
+    assert e3nn.compile and not e3nn.radial_table
+
+
+def test_compile_cost_record_must_be_seconds() -> None:
+    for bad in (-1.0, float("nan"), float("inf"), True, "5"):
+        with pytest.raises(ValueError, match="compile_cost_s"):
+            workload(compile_cost_s=bad)
+    assert workload(compile_cost_s=0).compile_cost_s == 0
 
 
 def test_matmul_precision_is_float32_unless_tf32_is_forced() -> None:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import ase
 
     from fastmace.models.load import LoadedModel
-    from fastmace.planner import EngineConfig, GuardConfig, Plan
+    from fastmace.planner import EngineConfig, GuardConfig, Plan, Workload
     from fastmace.relaxation import RelaxResult
     from fastmace.runner import RunnerConfig
     from fastmace.simulation import MDResult
@@ -120,25 +120,39 @@ def _load_planned(
 def _load_and_plan(
     model: str | os.PathLike[str], plan: Plan, *, seed: int = 0, **trust: Any
 ) -> tuple[LoadedModel, Plan]:
-    """``model`` loaded as the plan says, and the plan it runs by: a checkpoint file says
-    only once loaded that it is a long-range model (MACE-POLAR-1), whose plan differs (eager,
-    e3nn, a fixed cell), so it is planned again then, and loaded again where the backend or
+    """``model`` loaded as the plan says, and the plan it runs by: what a checkpoint is becomes
+    known only once it is loaded, so the plan is made again with the model's facts (a
+    long-range model: eager, e3nn, a fixed cell; radial MLPs that tables can replace; what its
+    last compilation at this size cost here), and the model loaded again where the backend or
     dtype changed. ``trust`` holds fm.load's head, checkpoint, sha256 and trusted."""
-    from dataclasses import replace
-
-    from fastmace.planner import make_plan
-    from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
-
     loaded = _load_planned(model, plan, seed=seed, **trust)
-    long_range = loaded.description.model_type in LONG_RANGE_MODEL_TYPES
-    if long_range == plan.workload.long_range:
+    workload = _model_facts(loaded, plan)
+    if workload == plan.workload:
         return loaded, plan
-    workload = replace(plan.workload, long_range=long_range)
+    from fastmace.planner import make_plan
+
     replanned = make_plan(workload, plan.config, plan.availabilities)
     engine, settings = plan.engine_settings(), replanned.engine_settings()
     if (engine.backend, engine.dtype) != (settings.backend, settings.dtype):
         loaded = _load_planned(model, replanned, seed=seed, **trust)
     return loaded, replanned
+
+
+def _model_facts(loaded: LoadedModel, plan: Plan) -> Workload:
+    """``plan``'s Workload with what the loaded model says of itself."""
+    from dataclasses import replace
+
+    from fastmace.dynamics.radial_table import table_refusal
+    from fastmace.runtime.compile_costs import recorded_cost_s
+    from fastmace.simulation import compile_identity
+    from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
+
+    return replace(
+        plan.workload,
+        long_range=loaded.description.model_type in LONG_RANGE_MODEL_TYPES,
+        tabulable_radials=table_refusal(loaded.module) is None,
+        compile_cost_s=recorded_cost_s(compile_identity(loaded, plan)),
+    )
 
 
 def _named_model_type(model: object) -> str | None:

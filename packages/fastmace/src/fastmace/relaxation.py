@@ -122,6 +122,7 @@ class Relaxation:
             state.atomic_numbers,
             matmul_precision=self.engine_settings.matmul_precision,
             radial_table=self.engine_settings.radial_table,
+            radial_table_fallback=self.engine_settings.radial_table_fallback,
         )
         engine = self.engine_settings
         neighbours = NeighbourList(

@@ -50,6 +50,7 @@ from fastmace.resuming import (
     too_few_steps,
 )
 from fastmace.runs import MDResult, RunSettings
+from fastmace.runtime.compile_costs import CompileIdentity, record_cost_s
 from fastmace.runtime.process_clock import seconds_since_process_start
 
 __all__ = ["MDResult", "RunSettings", "Simulation"]
@@ -131,6 +132,7 @@ class Simulation:
             compile_fallback=self.engine_settings.compile_fallback,
             matmul_precision=self.engine_settings.matmul_precision,
             radial_table=self.engine_settings.radial_table,
+            radial_table_fallback=self.engine_settings.radial_table_fallback,
         )
         setup_parts["setup_potential_s"] = time.perf_counter() - tick
         restart = None
@@ -164,6 +166,7 @@ class Simulation:
             tick = time.perf_counter()
             md = self._initial_md(state, force_field)
             setup_parts["setup_first_forces_s"] = time.perf_counter() - tick
+            self._record_compile_cost(model, plan)
             if restart is not None:
                 self._restore(md, restart.payload)
                 self.start_step = restart.step
@@ -207,6 +210,12 @@ class Simulation:
             if self.output is not None:
                 self.output.close()
             raise
+
+    def _record_compile_cost(self, model: LoadedModel, plan: Plan | None) -> None:
+        """What this run's compilation cost, for the next plan of the same model and size."""
+        seconds = self.potential.first_compiled_call_s
+        if plan is not None and seconds is not None:
+            record_cost_s(compile_identity(model, plan), seconds)
 
     def _write_metadata(self, status: str, error: str | None = None) -> None:
         if self.output is not None:
@@ -594,3 +603,16 @@ def _engine_settings(engine: EngineSettings | None, plan: Plan | None) -> Engine
             "differ: force a setting through the plan's EngineConfig instead"
         )
     return planned
+
+
+def compile_identity(model: LoadedModel, plan: Plan) -> CompileIdentity:
+    """What compiling ``model`` for ``plan``'s systems depends on (runtime.compile_costs)."""
+    machine = plan.availabilities
+    return CompileIdentity(
+        model_hash=model.description.content_hash,
+        backend=model.backend,
+        dtype=model.dtype,
+        n_atoms=plan.workload.n_atoms,
+        gpu=machine.gpu_name or "none",
+        torch=machine.torch_version or "unknown",
+    )

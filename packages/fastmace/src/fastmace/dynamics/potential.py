@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -54,7 +55,12 @@ from fastmace.dynamics.polar import (
     per_system_values,
     polar_graph,
 )
-from fastmace.dynamics.radial_table import RadialTable, TableReport, tabulated_model
+from fastmace.dynamics.radial_table import (
+    RadialTable,
+    TableError,
+    TableReport,
+    tabulated_model,
+)
 from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
 from fastmace.dynamics.state import State
 from fastmace.models.backends import rounding_tolerances
@@ -140,6 +146,12 @@ class Potential(torch.nn.Module):
             distance instead of running its radial MLP (dynamics/radial_table.py); raises
             ``TableError`` for a model whose blocks do not allow it. ``table_report`` says
             how the tables came out.
+        radial_table_fallback: when the tables cannot be built to their tolerance, warn,
+            record why in ``table_failure`` and run the radial MLPs instead of raising (for
+            tables the planner chose, not the user).
+
+    ``first_compiled_call_s`` holds the seconds of the first compiled call (its compilation
+    included) once it has run: what the next plan for this model expects compilation to cost.
     """
 
     def __init__(
@@ -152,6 +164,7 @@ class Potential(torch.nn.Module):
         compile_fallback: bool = False,
         matmul_precision: str = DEFAULT_MATMUL_PRECISION,
         radial_table: bool = False,
+        radial_table_fallback: bool = False,
     ) -> None:
         super().__init__()
         _check_model(model)
@@ -174,6 +187,7 @@ class Potential(torch.nn.Module):
                 f"leave {setting} off"
             )
         self.table_report: TableReport | None = None
+        self.table_failure: str | None = None  # why tables the plan chose were not built
         if self.long_range:
             # mace-torch's own model, unchanged: its long-range part is checked against
             # mace-torch's calculator as it is, and it has no padding node to specialise for.
@@ -182,13 +196,14 @@ class Potential(torch.nn.Module):
             # A copy for the run's elements and the padding node's (the model's first element).
             self.model = specialise_for_species(model, (*self.species, self.model_species[0]))
             if radial_table:
-                self.model, self.table_report = tabulated_model(self.model)
+                self._tabulate(radial_table_fallback)
             # The same weights with the radial MLPs run once per pair, for mirrored edges
             # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
             self.pair_model = pair_shared_model(self.model)
         self.compiled = bool(compile)
         self.compile_fallback = bool(compile_fallback)
         self.compile_failure: str | None = None  # why compilation was given up, if it was
+        self.first_compiled_call_s: float | None = None
         # Plain functions, not submodules, made at the first call of each kind (mirrored
         # edges or not): the weights are registered once, under ``model``.
         self._compiled_calls: dict[bool, Callable[..., dict[str, torch.Tensor]]] = {}
@@ -210,6 +225,7 @@ class Potential(torch.nn.Module):
         compile_fallback: bool = False,
         matmul_precision: str = DEFAULT_MATMUL_PRECISION,
         radial_table: bool = False,
+        radial_table_fallback: bool = False,
     ) -> Potential:
         """The potential of an ``fm.load`` result: its converted module and its head."""
         return cls(
@@ -220,6 +236,7 @@ class Potential(torch.nn.Module):
             compile_fallback=compile_fallback,
             matmul_precision=matmul_precision,
             radial_table=radial_table,
+            radial_table_fallback=radial_table_fallback,
         )
 
     def check_species(self, species: Iterable[int] | torch.Tensor) -> None:
@@ -265,9 +282,13 @@ class Potential(torch.nn.Module):
         """
         if not self.compiled:
             return self._evaluate(state, edges, compute_stress, charge, spin)
+        started = time.perf_counter()
         try:
             with _compile_settings():
-                return self._evaluate(state, edges, compute_stress, charge, spin)
+                output = self._evaluate(state, edges, compute_stress, charge, spin)
+            if self.first_compiled_call_s is None:
+                self.first_compiled_call_s = time.perf_counter() - started
+            return output
         except ModelCompileError as error:
             if not self.compile_fallback:
                 raise
@@ -281,6 +302,17 @@ class Potential(torch.nn.Module):
                 stacklevel=2,
             )
             return self._evaluate(state, edges, compute_stress, charge, spin)
+
+    def _tabulate(self, fallback: bool) -> None:
+        """``model`` with its radial weights read from tables; with ``fallback``, a model
+        whose tables miss their tolerance keeps its radial MLPs, with a warning."""
+        try:
+            self.model, self.table_report = tabulated_model(self.model)
+        except TableError as error:
+            if not fallback:
+                raise
+            self.table_failure = str(error)[:500]
+            warnings.warn(f"{error}; the radial MLPs run as trained", RuntimeWarning, stacklevel=3)
 
     def _evaluate(
         self,

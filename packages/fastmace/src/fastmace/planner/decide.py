@@ -57,12 +57,19 @@ CUEQ_BACKENDS = ("cueq", "hybrid")  # the backends whose model runs cuEquivarian
 # number of edges symbolic; docs/validation/performance.md, 2026-12-01, seventh session): it
 # saves about 0.67 ms + 0.40 µs per atom per step (0.76 ms at 216 atoms, 6.2 at 13,824) and
 # compiles for 24-30 s before the first step with Inductor's cache cold (about 13 s warm).
-# The plan compiles where the run's predicted saving is COMPILE_PAYBACK times that cost.
+# The plan compiles where the run's predicted saving pays back the compilation within the run:
+# the cost this model's last compilation at this size took here (the cache's compile record),
+# or COMPILE_COST_S where it was never compiled here.
 COMPILE_SAVING_MS = 0.67
 COMPILE_SAVING_MS_PER_ATOM = 0.40e-3
 COMPILE_COST_S = 30.0
-COMPILE_PAYBACK = 3.0
 COMPILE_MEASURED = "H200, MP-0 medium, cuEq: about 0.67 ms + 0.40 µs per atom saved per step"
+RADIAL_TABLE_REASON = (
+    "measured: each block's radial weights read from a table checked at build to 1e-6 of the "
+    "weights, forces as close to float64 e3nn as the MLP's (7.3e-8 against 8.0e-8 eV/Å) and "
+    "8-14 % faster steps from 1,728 atoms (H200, MP-0 medium; docs/validation/performance.md); "
+    "EngineConfig(radial_table=False) turns it off"
+)
 # MACE-POLAR-1 (PolarMACE): why its step is neither captured nor compiled, and its backend.
 LONG_RANGE_EAGER_REASON = (
     "rule: a long-range model (MACE-POLAR-1) runs eagerly: graph-longrange sizes its k-space "
@@ -96,11 +103,13 @@ def make_plan(
     dtype = _dtype(workload, config, device.value)
     graphs = _graphs(config, device.value, workload.long_range)
     matmul = _matmul_precision(config, device.value, dtype.value)
-    table = _radial_table(config, dtype.value, backend.value, workload.long_range)
     emulation = _fp64_emulation(config, device.value, dtype.value)
     segments = _expandable_segments(config, availability, device.value)
     kernel_choice = _cueq_kernel_choice(workload, availability, device.value, backend.value)
     compiled = _compile(workload, config, device.value, backend.value, dtype.value)
+    table = _radial_table(
+        workload, config, device.value, dtype.value, backend.value, compiled.value
+    )
     decisions = (
         device,
         backend,
@@ -237,32 +246,53 @@ def _matmul_precision(config: EngineConfig, device: str, dtype: str) -> Decision
     return Decision("matmul_precision", forced, _forced("matmul_precision", forced), FORCED)
 
 
-def _radial_table(config: EngineConfig, dtype: str, backend: str, long_range: bool) -> Decision:
-    if not config.radial_table:
-        reason = (
-            _forced("radial_table", False)
-            if config.radial_table is False
-            else "rule: the radial MLPs run as trained (a table of them only when forced: "
-            "EngineConfig(radial_table=True))"
-        )
+def _radial_table(
+    workload: Workload, config: EngineConfig, device: str, dtype: str, backend: str, compiled: bool
+) -> Decision:
+    if config.radial_table is False:
+        return Decision("radial_table", False, _forced("radial_table", False), FORCED)
+    if config.radial_table:
+        if workload.long_range or dtype != "float32":
+            why = "a long-range model (MACE-POLAR-1)" if workload.long_range else f"a {dtype} model"
+            raise PlanError(
+                f"EngineConfig(radial_table=True) needs a float32 local model, but the plan runs "
+                f"{why}: the table's error (1e-6 of the weights) would exceed a float64 run's "
+                "rounding, and the long-range model's blocks are not tabulated; leave "
+                "radial_table=None"
+            )
+        if compiled and backend == "e3nn":
+            # Refused here, before a run directory exists, rather than at the first compiled call.
+            raise PlanError(
+                "EngineConfig(radial_table=True) and compile=True cannot run together on the e3nn "
+                "backend: torch.compile rebuilds an e3nn model from its configuration, which has "
+                "no radial tables; drop one of them, or use the cueq, oeq or hybrid backend"
+            )
+        return Decision("radial_table", True, _forced("radial_table", True), FORCED)
+    if device != "cuda" or dtype != "float32":
+        why = f"this plan runs {dtype} on the {device}"
         return Decision(
-            "radial_table", False, reason, FORCED if config.radial_table is False else RULE
+            "radial_table", False, f"rule: tables only for float32 runs on CUDA ({why})", RULE
         )
-    if long_range or dtype != "float32":
-        why = "a long-range model (MACE-POLAR-1)" if long_range else f"a {dtype} model"
-        raise PlanError(
-            f"EngineConfig(radial_table=True) needs a float32 local model, but the plan runs "
-            f"{why}: the table's error (1e-6 of the weights) would exceed a float64 run's "
-            "rounding, and the long-range model's blocks are not tabulated; leave radial_table=None"
+    if workload.long_range:
+        return Decision(
+            "radial_table", False, "rule: a long-range model's blocks are not tabulated", RULE
         )
-    if config.compile and backend == "e3nn":
-        # Refused here, before a run directory exists, rather than at the first compiled call.
-        raise PlanError(
-            "EngineConfig(radial_table=True) and compile=True cannot run together on the e3nn "
-            "backend: torch.compile rebuilds an e3nn model from its configuration, which has "
-            "no radial tables; drop one of them, or use the cueq, oeq or hybrid backend"
+    if not workload.tabulable_radials:
+        return Decision(
+            "radial_table",
+            False,
+            "rule: the radial MLPs run as trained: this model's see more than the distance "
+            "(MH-1, density blocks, distance transforms), or it is not loaded yet",
+            RULE,
         )
-    return Decision("radial_table", True, _forced("radial_table", True), FORCED)
+    if compiled and backend == "e3nn":
+        return Decision(
+            "radial_table",
+            False,
+            "rule: the compiled e3nn model is rebuilt from its configuration, without tables",
+            RULE,
+        )
+    return Decision("radial_table", True, RADIAL_TABLE_REASON, MEASURED)
 
 
 def _graphs(config: EngineConfig, device: str, long_range: bool = False) -> Decision:
@@ -313,13 +343,18 @@ def _compile(
     if workload.reproducible:
         return Decision("compile", False, "rule: the reproducible plan runs the model uncompiled")
     saving = compile_saving_s(workload.n_atoms, workload.steps)
-    needed = COMPILE_PAYBACK * COMPILE_COST_S
-    pays = saving >= needed
+    recorded = workload.compile_cost_s is not None
+    cost = workload.compile_cost_s if recorded else COMPILE_COST_S
+    pays = saving >= cost
+    where = (
+        "as this model's last compilation at this size took here"
+        if recorded
+        else "with Inductor's cache cold, never compiled here"
+    )
     reason = (
         f"measured: {workload.steps:,} steps of {workload.n_atoms:,} atoms would save about "
-        f"{saving:.0f} s against about {COMPILE_COST_S:.0f} s of compilation ({COMPILE_MEASURED}); "
-        f"{'on' if pays else 'off'}: on where the saving is {COMPILE_PAYBACK:g}x the cost "
-        f"({needed:.0f} s)"
+        f"{saving:.0f} s against about {cost:.0f} s of compilation ({where}; "
+        f"{COMPILE_MEASURED}); {'on' if pays else 'off'}: on where the saving pays for it"
     )
     return Decision("compile", pays, reason, MEASURED)
 

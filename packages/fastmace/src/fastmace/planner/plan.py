@@ -110,6 +110,9 @@ class EngineSettings:
     """How the model's matrix products run: "float32" or "tf32" (tensor cores, CUDA)."""
     radial_table: bool = False
     """Radial weights read from tables of the distance (dynamics/radial_table.py)."""
+    radial_table_fallback: bool = False
+    """If the tables cannot be built to their tolerance, run the radial MLPs (and say so)
+    instead of stopping: for tables the planner chose, not the user."""
     guard: GuardConfig = field(default_factory=GuardConfig)
     """The physical bounds the engine checks every block (fastmace.dynamics.guard)."""
 
@@ -257,6 +260,7 @@ class Plan:
             compile_fallback=self.decision("compile").source != FORCED,
             matmul_precision=self.matmul_precision,
             radial_table=self.radial_table,
+            radial_table_fallback=self.decision("radial_table").source != FORCED,
             guard=self.guard,
         )
 

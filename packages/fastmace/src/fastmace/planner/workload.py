@@ -85,6 +85,12 @@ class Workload:
     long_range: bool = False
     """The model has a long-range part (MACE-POLAR-1's PolarMACE): it runs eagerly, on e3nn,
     and only at a fixed cell (its stress leaves out the long-range part)."""
+    tabulable_radials: bool = False
+    """Every interaction block's radial MLP sees the distance alone (MP-0-like blocks), so its
+    weights can be read from tables (fastmace.dynamics.radial_table); known once loaded."""
+    compile_cost_s: float | None = None
+    """Seconds the last compilation of this model at this size took on this machine (the
+    cache's compile record, fastmace.runtime.compile_costs); None: never compiled here."""
 
     def __post_init__(self) -> None:
         atoms = tuple(self.atoms_per_system)
@@ -115,9 +121,14 @@ class Workload:
                 f"timestep_fs={self.timestep_fs!r} is not allowed: give a timestep in "
                 f"(0, {MAX_TIMESTEP_FS:g}] fs"
             )
-        for name in ("reproducible", "long_range"):
+        for name in ("reproducible", "long_range", "tabulable_radials"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: use True/False")
+        cost = self.compile_cost_s
+        if cost is not None and (not _number(cost) or cost < 0):
+            raise ValueError(
+                f"compile_cost_s={cost!r} is not allowed: give the seconds (>= 0) or None"
+            )
         _choice("precision", self.precision, PRECISIONS)
         _choice("device", self.device, DEVICES)
         _choice("model_dtype", self.model_dtype, DTYPES)
@@ -166,6 +177,8 @@ class Workload:
         device: str = "auto",
         model_dtype: str = "float64",
         long_range: bool = False,
+        tabulable_radials: bool = False,
+        compile_cost_s: float | None = None,
     ) -> Workload:
         """The Workload of one ``ase.Atoms`` or a sequence of them (read, not modified).
 
@@ -191,6 +204,8 @@ class Workload:
             device=device,
             model_dtype=model_dtype,
             long_range=long_range,
+            tabulable_radials=tabulable_radials,
+            compile_cost_s=compile_cost_s,
         )
 
     @property

@@ -19,7 +19,7 @@ from fastmace.runtime import environment
 APP_NAME = "fastmace"
 
 # The cache's sub-directories; see docs/environment.md for what each holds.
-# "compile" is reserved: nothing writes it yet.
+# "compile" holds cuEquivariance's descriptors and what each compilation cost (compile_costs).
 KINDS = frozenset({"triton", "inductor", "oeq", "models", "handoff", "compile"})
 
 
