@@ -99,7 +99,7 @@ from fastmace.io import OutputSchedule
 from fastmace.models.checkpoint import contained, import_mace
 from fastmace.models.load import LoadedModel, load
 from fastmace.models.templates import template
-from fastmace.planner import EngineSettings
+from fastmace.planner import EngineConfig, EngineSettings, Plan, Workload, make_plan
 from fastmace.runtime import environment
 from fastmace.simulation import RunSettings, Simulation
 
@@ -117,6 +117,7 @@ LARGEST_ATOMS = 157_464  # 27^3 rock-salt cells of 8 atoms
 LABELS: dict[tuple[str, str], str] = {
     ("fastmace", "hybrid"): "FastMACE hybrid (OEq+cuEq)",
     ("fastmace", "cueq"): "FastMACE cuEq",
+    ("fastmace", "default"): "FastMACE, fm.md's plan with no options",
     ("fastmace", "hybrid-nograph"): "FastMACE hybrid, capture=False",
     ("fastmace", "hybrid-compile"): "FastMACE hybrid + torch.compile",
     ("fastmace", "cueq-compile"): "FastMACE cuEq + torch.compile",
@@ -141,6 +142,9 @@ LABELS: dict[tuple[str, str], str] = {
 FASTMACE_VARIANTS: dict[str, tuple[str, bool | None, bool, str]] = {
     "hybrid": ("hybrid", None, False, "float32"),
     "cueq": ("cueq", None, False, "float32"),
+    # fm.md's own plan with no options for a run of --planned-steps: the backend, compile,
+    # radial tables and K are the planner's (the placeholder's fields are not used).
+    "default": ("cueq", None, False, "float32"),
     "cueq-tf32": ("cueq", None, False, "tf32"),
     "cueq-d3": ("cueq", None, False, "float32"),
     "hybrid-tf32": ("hybrid", None, False, "tf32"),
@@ -217,10 +221,12 @@ def full_plan() -> list[Case]:
     A GPU session splits it with ``--only`` (docs/validation/performance.md has the commands);
     each call compares the paths side by side in one process.
     """
+    # 0. fm.md's own plan with no options (the default path) at every MP-0-medium size.
+    default = [Case("mp0-medium", n, "fastmace", "default") for n in (216, 1728, 13824, 32768)]
     main = (("fastmace", "hybrid"), ("ase", "cueq"), ("fastmace", "cueq"), ("ase", "hybrid"))
     small = [("mp0-medium", 1728), ("mp0-medium", 216), ("mh-1", 216), ("mh-1", 1728)]
     large = [("mp0-medium", 13824), ("mp0-medium", 32768)]
-    cases = [Case(m, n, p, v) for m, n in small for p, v in main]
+    cases = default + [Case(m, n, p, v) for m, n in small for p, v in main]
     cases += [Case(m, n, p, v) for m, n in large for p, v in main]
     cases += [Case(m, n, "fastmace", "cueq-tf32") for m, n in small + large]
     compiled = (
@@ -256,6 +262,7 @@ def quick_plan() -> list[Case]:
         ("ase", "e3nn"),
         ("fastmace", "e3nn"),
         ("fastmace", "e3nn-nograph"),
+        ("fastmace", "default"),
         ("ase", "hybrid"),
         ("ase", "oeq"),
         ("ase", "cueq"),
@@ -484,7 +491,7 @@ class Bench:
         if case.path == "fastmace":
             backend = FASTMACE_VARIANTS[case.variant][0]
             cost = 3.0 + 2.0 * target + (8.0 if large else 0.0)
-            if FASTMACE_VARIANTS[case.variant][2]:
+            if FASTMACE_VARIANTS[case.variant][2] or case.variant == "default":
                 cost += 90.0  # Inductor, cold cache
             if (case.model, backend) not in self.loaded:
                 cost += 20.0 if case.model == "mh-1" else 12.0
@@ -600,13 +607,39 @@ class Bench:
         a, b = GUESS_MS.get(case.model, (2.0, 0.01))
         return a + b * case.atoms + (0.0 if capture else EAGER_EXTRA_MS)
 
+    def default_plan(self, case: Case) -> tuple[Plan, LoadedModel, float | None]:
+        """The plan fm.md makes with no options for --planned-steps of this case's Langevin
+        run, made again with the loaded model's facts (radial tables, the cache's compile
+        record) as fm.md does; the model loaded on the plan's backend."""
+        from fastmace.api import _model_facts  # the function fm.md itself uses
+        from fastmace.machine import probe_availabilities
+
+        workload = Workload.from_structures(
+            [nacl(case.atoms)], ensemble="nvt", temperature_K=TEMPERATURE_K,
+            steps=self.args.planned_steps, timestep_fs=TIMESTEP_FS,
+            device=self.device, precision=self.args.dtype,
+        )  # fmt: skip
+        first = make_plan(workload, EngineConfig(), probe_availabilities())
+        loaded, load_s = self.fastmace_model(case.model, first.backend)
+        plan = make_plan(_model_facts(loaded, first), first.config, first.availabilities)
+        if (plan.backend, plan.dtype) != (loaded.backend, loaded.dtype):
+            raise RuntimeError(f"fm.md's plan runs {plan.backend} {plan.dtype}, not as loaded")
+        return plan, loaded, load_s
+
     def run_fastmace(self, case: Case) -> dict[str, Any]:
         backend, capture_setting, compile_model, matmul = FASTMACE_VARIANTS[case.variant]
-        loaded, load_s = self.fastmace_model(case.model, backend)
+        plan = None
+        if case.variant == "default":
+            plan, loaded, load_s = self.default_plan(case)
+            compile_model, matmul = plan.compile, plan.matmul_precision
+        else:
+            loaded, load_s = self.fastmace_model(case.model, backend)
         capture = self.cuda if capture_setting is None else capture_setting
         block = self.args.block_steps
         if case.atoms > LARGE_ATOMS:
             block = min(block, 20)
+        if plan is not None:
+            block = plan.block_steps
         untimed = 2 if capture else 1  # warm-up block (+ the capture block)
         predicted = None if self.args.quick else self.predict_ms(case, capture)
         if predicted is None:
@@ -637,8 +670,8 @@ class Bench:
             torch._dynamo.reset()
             dynamo_counters.clear()
         simulation = Simulation(
-            loaded, [nacl(case.atoms)], settings, output=None, engine=engine,
-            progress=io.StringIO(),
+            loaded, [nacl(case.atoms)], settings, output=None,
+            engine=engine if plan is None else None, plan=plan, progress=io.StringIO(),
         )  # fmt: skip
         # steps, seconds, and what the block did: "redone" (an overflow or a stale list),
         # "launch" (eager or captured: with D3 a second block pattern is captured later on)
@@ -716,8 +749,19 @@ class Bench:
                 asdict(loaded.conversion_check) if loaded.conversion_check else None
             ),
             "predicted_ms_per_step": predicted,
+            **({} if plan is None else self.plan_record(plan)),
             **errors,
             **profile,
+        }
+
+    @staticmethod
+    def plan_record(plan: Plan) -> dict[str, Any]:
+        """What the default plan chose, with its reasons."""
+        chosen = ("backend", "compile", "radial_table", "block_steps", "matmul_precision")
+        return {
+            "planned_steps": plan.workload.steps,
+            "compile_cost_s": plan.workload.compile_cost_s,
+            "plan": {name: [plan.value(name), plan.decision(name).reason] for name in chosen},
         }
 
     def kernel_profile(self, case: Case, simulation: Simulation) -> dict[str, Any]:
@@ -1010,6 +1054,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ("--target-s", float, 3.0, "seconds of timed steady-state steps per case"),
         ("--block-steps", int, None, "FastMACE's K (default 50; 5 with --quick)"),
         ("--only", str, "", "comma-separated substrings: run only cases whose id has one"),
+        ("--planned-steps", int, 100_000, "the run length the 'default' variant is planned for"),
     ]
     for flag, kind, default, text in options:
         parser.add_argument(flag, type=kind, default=default, help=text)

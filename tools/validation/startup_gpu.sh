@@ -37,6 +37,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 34  # 1 to 256 replicas, tables + compile
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 35  # first calls at new sizes; gpu tests
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 36  # quiet runs; float64 after float32
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 37  # the default path: 216 to 13,824
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 38  # default 32,768; start-up; tests
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -468,6 +470,40 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   echo "tables gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_tables.txt"))"
   polar_tests
   pair_tests 36
+  ;;
+37)
+  # Issue 31: fm.md's own plan with no options for a 100 ps run (radial tables and compile
+  # chosen by the planner) beside the plain cuEq step and the best forced path, in one process.
+  only="mp0-medium/216/fastmace-default,mp0-medium/1728/fastmace-default"
+  only="$only,mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-cueq"
+  only="$only,mp0-medium/1728/fastmace-cueq,mp0-medium/13824/fastmace-cueq"
+  only="$only,mp0-medium/216/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-table-compile"
+  timeout 560 python3 benchmarks/md_speed.py --out "$OUT/default" --budget-s 520 \
+    --case-timeout-s 160 --only "$only" > "$OUT/default.log" 2>&1
+  echo "default path: exit $?"
+  grep -E "\| (mp0|mh)" "$OUT/default/md_speed.md"
+  ;;
+38)
+  # Issue 31: the default path at 32,768 atoms; start-up of fastmace md at 13,824 atoms on
+  # the compiled default path, cold then warm, with each child's slowest imports; a short
+  # run's plan once the cache holds this model's compilation; the tables' and engine GPU tests.
+  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/default-32768" --budget-s 180 \
+    --case-timeout-s 170 --only "mp0-medium/32768/fastmace-default" \
+    > "$OUT/default-32768.log" 2>&1
+  echo "default 32768: exit $?"
+  grep -E "\| mp0" "$OUT/default-32768/md_speed.md"
+  timeout 250 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 120 \
+    --importtime --out "$OUT/startup-13824" --extra --compile > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824 (compiled): exit $?"
+  grep -E '"run"|to_first_step|"load_s"|setup_s|first_block' "$OUT/startup-13824.log"
+  timeout 120 python3 benchmarks/md_speed.py --out "$OUT/default-short" --budget-s 110 \
+    --case-timeout-s 100 --planned-steps 3000 --only "mp0-medium/13824/fastmace-default" \
+    > "$OUT/default-short.log" 2>&1
+  echo "default, 3,000-step plan after a compilation: exit $?"
+  grep -E "\| mp0" "$OUT/default-short/md_speed.md"
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_radial_table.py" \
+    "$tests/test_engine_gpu.py" > "$OUT/gpu_tests_38.txt" 2>&1
+  echo "tables and engine gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_38.txt"))"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

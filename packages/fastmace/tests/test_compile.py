@@ -23,10 +23,12 @@ from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.species_linear import SpeciesLinear
 from fastmace.dynamics.state import State
 from fastmace.io import OutputSchedule
+from fastmace.machine import probe_availabilities
 from fastmace.models.load import load
-from fastmace.planner import EngineSettings
+from fastmace.planner import EngineConfig, EngineSettings, Workload, make_plan
 from fastmace.runtime import environment
-from fastmace.simulation import RunSettings, Simulation
+from fastmace.runtime.compile_costs import recorded_cost_s
+from fastmace.simulation import RunSettings, Simulation, compile_identity
 
 
 def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
@@ -47,13 +49,25 @@ def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
     atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
     atoms.rattle(0.02, seed=3)
 
+    # The compiled run is planned, as fm.md's runs are: a planned run that compiles keeps what
+    # its compilation cost in the cache, for the next plan of the same model and size.
+    workload = Workload.from_structures(
+        [atoms], temperature_K=300.0, steps=10, timestep_fs=2.0, device="cpu"
+    )
+    plan = make_plan(workload, EngineConfig(compile=True, block_steps=5), probe_availabilities())
+    identity = compile_identity(model, plan)
+    assert recorded_cost_s(identity) is None
+
     def run(compile: bool) -> Simulation:
         settings = RunSettings(
             ensemble=ensemble("nvt", temperature_K=300.0), steps=10, timestep_fs=2.0, seed=7,
             schedule=OutputSchedule(0, 0, 0), initial_temperature_K=300.0,
         )  # fmt: skip
         engine = EngineSettings(block_steps=5, compile=compile)  # how fm.md's plan says it
-        simulation = Simulation(model, [atoms], settings, engine=engine)
+        simulation = Simulation(
+            model, [atoms], settings, engine=None if compile else engine,
+            plan=plan if compile else None,
+        )  # fmt: skip
         simulation.result = simulation.run()
         return simulation
 
@@ -63,6 +77,11 @@ def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch):
     compiled = run(True)
     assert compiled.potential.compiled and not eager.potential.compiled
     assert counters["stats"]["unique_graphs"] == 1
+    # The first compiled call (its compilation included) is what the record says it cost.
+    seconds = compiled.potential.first_compiled_call_s
+    assert seconds is not None and seconds > 0
+    assert recorded_cost_s(identity) == pytest.approx(seconds, abs=1e-3)
+    assert eager.potential.first_compiled_call_s is None
     # Edges of another capacity, as after a regrowth, run on the same compiled graph: the
     # number of edges is a symbolic size.
     state, potential = compiled.engine.md.state, compiled.potential

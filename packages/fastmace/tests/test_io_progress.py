@@ -8,7 +8,7 @@ import re
 import pytest
 
 from fastmace.io import Progress
-from fastmace.io.progress import format_duration
+from fastmace.io.progress import format_duration, startup_line
 
 
 class FakeTerminal(io.StringIO):
@@ -105,3 +105,28 @@ def test_the_summary_tells_the_average_from_the_steady_speed():
         "done: 1,000 steps in 0:00:12, 83.3 steps/s on average; steady 450.0 steps/s, "
         "77.76 ns/day (start-up excluded, as in the report)"
     )
+
+
+def test_startup_line_names_each_part_and_the_path() -> None:
+    timings = {
+        "process_to_first_step_s": 12.34, "to_first_step_s": 8.0, "load_s": 2.0,
+        "setup_s": 4.5, "first_block_s": 1.0,
+    }  # fmt: skip
+    line = startup_line("cueq float32 on cuda, compiled, radial tables", timings, compile_s=3.9)
+    assert line == (
+        "start-up 12.3 s to the first step: process before the run (Python, imports, input) "
+        "4.3 s, model 2.0 s, "
+        "set-up 4.5 s (compilation 3.9 s), first block 1.0 s, other 0.5 s; "
+        "running cueq float32 on cuda, compiled, radial tables"
+    )
+    # fm.md called from Python: no process start to count from, no gate, nothing left over.
+    line = startup_line("e3nn", {"to_first_step_s": 3.0, "setup_s": 2.0, "first_block_s": 1.0})
+    assert line == "start-up 3.0 s to the first step: set-up 2.0 s, first block 1.0 s; running e3nn"
+
+
+def test_a_note_ends_the_live_line_first() -> None:
+    terminal = FakeTerminal()
+    progress = Progress(100, timestep_fs=1.0, stream=terminal, clock=FakeClock())
+    progress.update(10)
+    progress.note("start-up 1.0 s")
+    assert terminal.getvalue().endswith("\nstart-up 1.0 s\n")

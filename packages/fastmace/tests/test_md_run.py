@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import io
+import re
 
 import numpy as np
 import pytest
@@ -175,3 +177,18 @@ def test_fm_md_runs_and_leaves_the_callers_atoms_alone():
     assert np.array_equal(atoms.positions, before)
     assert result.steps == 10 and result.thermo[0]["temperature_K"] > 0
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_run_says_how_start_up_went_and_which_path_runs(demo):
+    """One line after the first block: start-up by part, then the path (docs/md.md)."""
+    shown = io.StringIO()
+    fm.md(copper(), model="demo-emt-cu", steps=10, temperature_K=300, progress=shown)
+    lines = [line for line in shown.getvalue().splitlines() if line.startswith("start-up")]
+    assert len(lines) == 1, shown.getvalue()
+    assert re.fullmatch(
+        r"start-up [\d.]+ s to the first step: (process before the run \(Python, imports, "
+        r"input\) [\d.]+ s, )?model [\d.]+ s, set-up [\d.]+ s, "
+        r"first block [\d.]+ s(, other [\d.]+ s)?; running e3nn float64 on cpu, uncompiled, "
+        r"no CUDA graphs, K=\d+",
+        lines[0],
+    ), lines[0]

@@ -694,7 +694,7 @@ def test_engine_settings_carry_every_engine_decision() -> None:
     assert plan.engine_settings() == EngineSettings(
         device="cuda", backend="cueq", dtype="float32", block_steps=50, skin_A=0.5,
         edge_capacity=None, headroom=1.25, graphs=True, compile=False, compile_fallback=True,
-        matmul_precision="float32",
+        matmul_precision="float32", radial_table_fallback=True,
     )  # fmt: skip
     forced = EngineConfig(
         backend="hybrid", dtype="float32", graphs=False, compile=True, edge_capacity=999,

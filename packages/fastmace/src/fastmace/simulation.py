@@ -39,6 +39,7 @@ from fastmace.dynamics.state import State
 from fastmace.dynamics.thermo import thermo_rows
 from fastmace.io import Progress, RunDirectory, RunOutput
 from fastmace.io.plot import can_plot
+from fastmace.io.progress import startup_line
 from fastmace.models.load import LoadedModel
 from fastmace.planner import EngineSettings, Plan
 from fastmace.resuming import (
@@ -450,6 +451,16 @@ class Simulation:
         if since_start is not None:
             self.timings["process_to_first_step_s"] = since_start
 
+    def _path_text(self) -> str:
+        """Which path runs, in a few words: backend, dtype, device, compile, tables, graphs."""
+        words = [f"{self.model.backend} {self.model.dtype} on {self.model.device}"]
+        words.append("compiled" if self.potential.compiled else "uncompiled")
+        if self.potential.table_report is not None:
+            words.append("radial tables")
+        launch = "CUDA graphs" if self.engine.capture else "no CUDA graphs"
+        words.append(f"{launch}, K={self.block_steps}")
+        return ", ".join(words)
+
     def run(self) -> MDResult:
         """Run to ``settings.steps`` (from the restart's step when resuming)."""
         settings = self.settings
@@ -487,6 +498,9 @@ class Simulation:
                 if first_block_s == 0.0:
                     first_block_s = elapsed
                     self._time_first_step()
+                    startup = {**self.timings, "first_block_s": elapsed}
+                    compile_s = self.potential.first_compiled_call_s
+                    progress.note(startup_line(self._path_text(), startup, compile_s))
                 elif steady:
                     if not steady_steps:
                         self.timings["to_steady_s"] = time.perf_counter() - self.called

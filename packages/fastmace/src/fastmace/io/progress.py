@@ -12,7 +12,7 @@ import math
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TextIO
 
 _WINDOW_S = 60.0  # steps/s is measured over the last minute: a recapture does not skew it long
@@ -117,6 +117,13 @@ class Progress:
             while self._next_fraction <= self._fraction(step) + 1e-12:
                 self._next_fraction += _QUIET_FRACTION
 
+    def note(self, text: str) -> None:
+        """One line of its own (a live line is ended first and drawn again at the next update)."""
+        if self.live and self._width:
+            self.stream.write("\n")
+            self._width = 0
+        self._print(text)
+
     def close(self, steady_steps_per_s: float | None = None) -> None:
         """End the display with a summary line: the average over the whole session, start-up
         included, and the run's steady speed (the report's) when the caller gives it."""
@@ -151,3 +158,36 @@ class Progress:
     def _print(self, text: str) -> None:
         self.stream.write(text + "\n")
         self.stream.flush()
+
+
+# metadata.json's start-up phases (docs/output.md), as the start-up line names them.
+_STARTUP_PARTS = (
+    ("load_s", "model"),
+    ("gate_s", "gate"),
+    ("setup_s", "set-up"),
+    ("first_block_s", "first block"),
+)
+
+
+def startup_line(path: str, timings: Mapping[str, float], compile_s: float | None = None) -> str:
+    """The line a run prints after its first block: how long start-up took, by part, and which
+    path runs. ``timings`` are metadata.json's (``to_first_step_s`` and the phases; with
+    ``process_to_first_step_s``, what came before the request: Python, imports, the input);
+    ``compile_s`` is the first compiled call's share of the set-up."""
+    total = timings.get("process_to_first_step_s") or timings.get("to_first_step_s", 0.0)
+    parts = []
+    if "process_to_first_step_s" in timings and "to_first_step_s" in timings:
+        before = timings["process_to_first_step_s"] - timings["to_first_step_s"]
+        parts.append(f"process before the run (Python, imports, input) {before:.1f} s")
+    counted = 0.0
+    for key, name in _STARTUP_PARTS:
+        if key in timings:
+            counted += timings[key]
+            text = f"{name} {timings[key]:.1f} s"
+            if key == "setup_s" and compile_s is not None:
+                text += f" (compilation {compile_s:.1f} s)"
+            parts.append(text)
+    other = timings.get("to_first_step_s", 0.0) - counted
+    if other >= 0.05:
+        parts.append(f"other {other:.1f} s")
+    return f"start-up {total:.1f} s to the first step: {', '.join(parts)}; running {path}"
