@@ -39,6 +39,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 36  # quiet runs; float64 after float32
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 37  # the default path: 216 to 13,824
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 38  # default 32,768; start-up; tests
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 39  # start-up, compiled default path
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -490,7 +491,7 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   # A cache root of its own: the start-up's cold run is cold even after stage 37.
   export FASTMACE_CACHE=/tmp/fastmace-cache-38
   timeout 250 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 120 \
-    --importtime --out "$OUT/startup-13824" --extra --compile > "$OUT/startup-13824.log" 2>&1
+    --importtime --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>    --importtime --out "$OUT/startup-13824" --extra --compile > "$OUT/startup-13824.log" 2>&11
   echo "start-up 13824 (compiled): exit $?"
   grep -E '"run"|to_first_step|"load_s"|setup_s|first_block' "$OUT/startup-13824.log"
   timeout 200 python3 benchmarks/md_speed.py --out "$OUT/default-32768" --budget-s 180 \
@@ -498,14 +499,28 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     > "$OUT/default-32768.log" 2>&1
   echo "default 32768: exit $?"
   grep -E "\| mp0" "$OUT/default-32768/md_speed.md"
-  timeout 120 python3 benchmarks/md_speed.py --out "$OUT/default-short" --budget-s 110 \
-    --case-timeout-s 100 --planned-steps 3000 --only "mp0-medium/13824/fastmace-default" \
+  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/default-short" --budget-s 190 \
+    --case-timeout-s 180 --planned-steps 3000 --only "mp0-medium/13824/fastmace-default" \
     > "$OUT/default-short.log" 2>&1
   echo "default, 3,000-step plan after a compilation: exit $?"
   grep -E "\| mp0" "$OUT/default-short/md_speed.md"
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_radial_table.py" \
     "$tests/test_engine_gpu.py" > "$OUT/gpu_tests_38.txt" 2>&1
   echo "tables and engine gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_38.txt"))"
+  ;;
+39)
+  # Stage 38's start-up and short-run plan again (its --extra took --compile for an option).
+  export FASTMACE_CACHE=/tmp/fastmace-cache-39
+  timeout 250 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 120 \
+    --importtime --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824 (compiled): exit $?"
+  grep -E '"run"|to_first_step|"load_s"|setup_s|first_block' "$OUT/startup-13824.log"
+  grep -h "start-up" "$OUT"/startup-13824/*.log
+  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/default-short" --budget-s 190 \
+    --case-timeout-s 180 --planned-steps 3000 --only "mp0-medium/13824/fastmace-default" \
+    > "$OUT/default-short.log" 2>&1
+  echo "default, 3,000-step plan after a compilation: exit $?"
+  grep -E "\| mp0" "$OUT/default-short/md_speed.md"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
