@@ -90,6 +90,29 @@ def top_functions(profile: Path, count: int = 60) -> list[str]:
     return [text for _, text in sorted(rows, reverse=True)[:count]]
 
 
+def startup_cases(summary: dict) -> list[dict]:
+    """Each run as a ``cases`` entry (the md_speed shape, with ``to_first_step_s`` from the
+    process's start and ``cache``): variant "default" when no option was forced, else the
+    options forced ("compile" for --compile)."""
+    forced = [option.lstrip("-") for option in summary["extra"] if option.startswith("--")]
+    cases = []
+    for run in summary["runs"]:
+        phases = run["phases_s"]
+        rate = phases.get("steps_per_s")
+        cases.append({
+            "model": "mp0-medium",
+            "atoms": summary["atoms"],
+            "path": "fastmace-md",
+            "variant": "-".join(forced) or "default",
+            "status": "ok" if run["exit"] == 0 and phases else "failed",
+            "ms_per_step": round(1000 / rate, 3) if rate else None,
+            "to_first_step_s": phases.get("process_to_first_step_s"),
+            "cache": run["run"],
+            "peak_gib": None,
+        })  # fmt: skip
+    return cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--atoms", type=int, default=13824)
@@ -143,6 +166,7 @@ def main() -> None:
         runs.append(record)
         print(json.dumps(record, indent=1), flush=True)
     summary = {"atoms": args.atoms, "steps": args.steps, "extra": args.extra, "runs": runs}
+    summary["cases"] = startup_cases(summary)
     (args.out / "startup_time.json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
