@@ -312,11 +312,13 @@ def md(
     skin and the environment variables, each decision with its reason (in the report and
     metadata.json). ``device``, ``dtype``, ``backend``, ``block_steps``, ``skin_A``,
     ``graphs`` (CUDA graphs), ``compile`` (the model through ``torch.compile``: faster steps
-    after about 30 s of compilation; left to the plan, on for float32 cuEq runs on CUDA long
-    enough to pay it back, docs/md.md) and ``matmul_precision`` ("tf32": the
-    model's matrix products on TF32 tensor cores, faster and looser) and ``radial_table``
-    (True: each block's radial weights read from a table of the distance instead of computed
-    by its radial MLP; float32 models, docs/md.md) force a decision, as does
+    after a compilation; left to the plan, on for float32 cuEq runs on CUDA whose predicted
+    saving pays for it, weighed with what this model's last compilation here cost,
+    docs/md.md), ``matmul_precision`` ("tf32": the model's matrix products on TF32 tensor
+    cores, faster and looser) and ``radial_table`` (each block's radial weights read from a
+    table of the distance instead of computed by its radial MLP; left to the plan, on for
+    float32 runs on CUDA of models that allow it; False turns it off, docs/md.md) force a
+    decision, as does
     ``config`` (an ``fm.EngineConfig``): the keywords are its fields of the same name, set on
     it, so a setting forced both ways must agree.
     The plan is the one carrier of these settings to the model, the engine and the neighbour

@@ -264,16 +264,18 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         f"faster, looser: docs/md.md) (default: {DEFAULT_MATMUL_PRECISION})",
     )
     md.add_argument(
-        "--radial-table", action="store_true", default=None, dest="radial_table",
+        "--radial-table", action=argparse.BooleanOptionalAction, default=None,
+        dest="radial_table",
         help="read each interaction block's radial weights from a table of the distance "
-        "instead of running its radial MLP (float32 models; faster at large sizes, within "
-        "1e-6 of the MLP: docs/md.md) (default: off)",
+        "instead of running its radial MLP (--no-radial-table: never; float32 models, within "
+        "1e-6 of the MLP: docs/md.md) (default: on for float32 runs on CUDA of models that "
+        "allow it)",
     )  # fmt: skip
     md.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, default=None,
         help="run the model through torch.compile (--no-compile: never): faster steps after "
-        "about 30 s of compilation, cached for later runs (default: on for float32 cuEq runs "
-        "on CUDA long enough to pay it back three times, docs/planner.md)",
+        "a compilation kept in the cache for later runs (default: on for float32 cuEq runs "
+        "on CUDA long enough to pay for it, docs/planner.md)",
     )  # fmt: skip
     md.add_argument(
         "--guard", action="append", type=_bound, metavar="NAME=VALUE|off",

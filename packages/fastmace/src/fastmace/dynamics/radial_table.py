@@ -10,10 +10,10 @@ forward and one backward, instead of four GEMMs each way.
 
 The number of intervals is doubled until the table's error, measured against the float64 MLP
 at three points inside every interval, is below :data:`TABLE_TOLERANCE` of the largest weight
-and of the largest slope (forces come from the slope): well under float32 rounding. It is
-still an approximation of the model, so it is an explicit setting
-(``EngineConfig(radial_table=True)``, docs/md.md), never the default; the gate checks a
-tabulated run against float64 e3nn with the float32 tolerance.
+and of the largest slope (forces come from the slope): well under float32 rounding, so the
+planner chooses tables for float32 runs on CUDA of models that allow them, and
+``EngineConfig(radial_table=False)`` turns them off (docs/md.md); the gate checks a tabulated
+run against float64 e3nn with the float32 tolerance.
 
 Beyond r_max the cutoff makes every weight zero, as the table's last node is, so the padding
 edges (placed at 2 r_max) read zeros with zero derivative. On CUDA the lookup and its
