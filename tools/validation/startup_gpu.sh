@@ -40,6 +40,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 37  # the default path: 216 to 13,824
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 38  # default 32,768; start-up; tests
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 39  # start-up, compiled default path
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 40  # Dynamo's precompile cache; uncompiled
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -521,6 +522,21 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     > "$OUT/default-short.log" 2>&1
   echo "default, 3,000-step plan after a compilation: exit $?"
   grep -E "\| mp0" "$OUT/default-short/md_speed.md"
+  ;;
+40)
+  # Does Dynamo's guard-serialising cache (TORCH_CACHING_PRECOMPILE=1) take the tracing out
+  # of a warm compiled start? Then the uncompiled default start-up, cold and warm, beside it.
+  export FASTMACE_CACHE=/tmp/fastmace-cache-40
+  TORCH_CACHING_PRECOMPILE=1 timeout 250 python3 benchmarks/startup_time.py --atoms 13824 \
+    --steps 200 --timeout-s 120 --out "$OUT/startup-precompile" --extra=--compile \
+    > "$OUT/startup-precompile.log" 2>&1
+  echo "start-up 13824, compiled, precompile cache: exit $?"
+  grep -h "start-up\|^speed\|Error\|rror:" "$OUT"/startup-precompile/*.log | head -20
+  export FASTMACE_CACHE=/tmp/fastmace-cache-40b
+  timeout 200 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 90 \
+    --out "$OUT/startup-default" > "$OUT/startup-default.log" 2>&1
+  echo "start-up 13824, default (uncompiled for 200 steps): exit $?"
+  grep -h "start-up\|^speed" "$OUT"/startup-default/*.log
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
