@@ -25,12 +25,14 @@ from fastmace.doctor import (
     run_doctor,
 )
 from fastmace.models.label_table import checkpoints
+from fastmace.runtime.compile_costs import CompileIdentity, record_cost_s
 from fastmace.runtime.mounts import parse_mount_table
 from fastmace.runtime.startup import apply_at_import
 
 ORDER = [
     "GPU and driver", "torch", "MACE", "cuEquivariance", "OpenEquivariance", "Triton", "NVRTC",
-    "graph-longrange", "torch-dftd", "environment", "cache root", "file locks", "model files",
+    "graph-longrange", "torch-dftd", "environment", "cache root", "file locks", "start-up cache",
+    "model files",
 ]  # fmt: skip
 NOT_IMPORTED = ("mace", "openequivariance", "cuequivariance_ops_torch", "cuequivariance_torch")
 
@@ -71,6 +73,9 @@ def test_doctor_on_this_cpu_machine(doctor_env, tmp_path):
     assert checks["torch"].startswith("[ok]") and "CUDA" in checks["torch"]
     assert checks["MACE"] == "[ok] mace-torch 0.3.16"
     assert checks["model files"].startswith("[ok] no checkpoint files in")
+    assert checks["start-up cache"].startswith("[ok]")
+    assert "no compiled graphs" in checks["start-up cache"]
+    assert "no compilation recorded" in checks["start-up cache"]
     if not _has_gpu():
         assert checks["GPU and driver"].startswith("[warn] no CUDA GPU visible to torch")
         assert "any structure and model runs on the CPU, slowly" in checks["GPU and driver"]
@@ -347,3 +352,24 @@ def test_graph_longrange_must_be_the_version_mace_torch_can_call(monkeypatch):
         check.run(None)
     monkeypatch.setattr(doctor, "_version", lambda name: GRAPH_LONGRANGE_VERSION)
     assert check.run(None) == f"graph-longrange {GRAPH_LONGRANGE_VERSION}"
+
+
+def test_doctor_says_what_the_cache_holds_for_start_up(doctor_env, tmp_path):
+    """Compiled code and the compilation records a second run reuses, read without a change."""
+    cache = Path(doctor_env["FASTMACE_CACHE"])
+    (cache / "inductor" / "fx").mkdir(parents=True)
+    (cache / "inductor" / "fx" / "graph").write_bytes(b"x" * 2_000_000)
+    identity = CompileIdentity(
+        model_hash="ab" * 32, backend="cueq", dtype="float32", n_atoms=13_824,
+        gpu="NVIDIA H200", torch="2.11.0+cu130",
+    )  # fmt: skip
+    assert record_cost_s(identity, 17.94, environ={"FASTMACE_CACHE": str(cache)})
+    (cache / "compile" / "costs" / "damaged.json").write_text("{")
+    before = tree(cache)
+    line = lines_by_check(run_fastmace(["doctor", "--no-hash"], doctor_env).stdout)[
+        "start-up cache"
+    ]
+    assert line.startswith("[ok]")
+    assert "compiled graphs 2.0 MB (1 files)" in line
+    assert "compilations recorded: 13,824 atoms cueq float32 on NVIDIA H200: 17.9 s" in line
+    assert tree(cache) == before

@@ -360,6 +360,55 @@ def check_model_files(ctx: DoctorContext) -> str:
     return "; ".join(parts)
 
 
+def _directory_size(path: Path) -> tuple[int, int]:
+    """Files and bytes under ``path`` (nothing when it does not exist)."""
+    files = size = 0
+    for directory, _, names in os.walk(path):
+        for name in names:
+            try:
+                size += os.stat(os.path.join(directory, name), follow_symlinks=False).st_size
+            except OSError:
+                continue
+            files += 1
+    return files, size
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+def check_startup_cache(ctx: DoctorContext) -> str:
+    """What a second run can reuse: compiled code, kernels, descriptors, compilation costs."""
+    from fastmace.runtime.compile_costs import recorded_costs
+
+    root = locate_cache_root(environ=ctx.environ).path
+    places = (
+        ("compiled graphs", ctx.environ.get("TORCHINDUCTOR_CACHE_DIR") or root / "inductor"),
+        ("Triton kernels", ctx.environ.get("TRITON_CACHE_DIR") or root / "triton"),
+        (
+            "cuEquivariance kernels",
+            ctx.environ.get(environment.CUEQ_KERNEL_CACHE) or root / "cueq-nvrtc",
+        ),
+        ("cuEquivariance descriptors", root / "compile" / "cueq"),
+    )
+    parts = []
+    for name, place in places:
+        files, size = _directory_size(Path(place))
+        parts.append(f"{name} {_megabytes(size)} ({files} files)" if files else f"no {name}")
+    costs = sorted(recorded_costs(ctx.environ), key=lambda item: item[0].n_atoms)
+    if costs:
+        shown = "; ".join(
+            f"{identity.n_atoms:,} atoms {identity.backend} {identity.dtype} on {identity.gpu}: "
+            f"{seconds:.1f} s"
+            for identity, seconds in costs[:5]
+        )
+        more = f" and {len(costs) - 5} more" if len(costs) > 5 else ""
+        parts.append(f"compilations recorded: {shown}{more}")
+    else:
+        parts.append("no compilation recorded (a first compilation is planned at 30 s)")
+    return f"{root}: " + ", ".join(parts)
+
+
 @dataclass(frozen=True)
 class DoctorCheck:
     name: str
@@ -392,6 +441,7 @@ CHECKS = (
     DoctorCheck("environment", True, check_environment_variables),
     DoctorCheck("cache root", True, check_cache_root_location),
     DoctorCheck("file locks", True, check_file_locks),
+    DoctorCheck("start-up cache", False, check_startup_cache),
     DoctorCheck("model files", False, check_model_files),
 )
 

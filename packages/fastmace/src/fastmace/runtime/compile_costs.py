@@ -19,7 +19,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -90,3 +90,23 @@ def record_cost_s(
         Path(temporary).unlink(missing_ok=True)
         return False
     return True
+
+
+def recorded_costs(
+    environ: Mapping[str, str] | None = None,
+) -> Iterator[tuple[CompileIdentity, float]]:
+    """Every usable record in the cache root, for ``fastmace doctor`` (damaged ones skipped)."""
+    try:
+        directory = cache_root(environ).path.joinpath(*COSTS)
+        paths = sorted(directory.glob("*.json"))
+    except (OSError, CacheLocationError):
+        return
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            identity = CompileIdentity(**data["identity"])
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        seconds = recorded_cost_s(identity, environ)
+        if seconds is not None and path.stem == identity.key():
+            yield identity, seconds
