@@ -212,3 +212,30 @@ def test_captured_relaxation_on_the_gpu_matches_the_eager_one(cell):
     for captured, eager in zip(results[True].structures, results[False].structures, strict=True):
         np.testing.assert_allclose(captured.positions, eager.positions, atol=1e-9)
         np.testing.assert_allclose(captured.cell[:], eager.cell[:], atol=1e-9)
+
+
+def test_a_relaxation_compiles_when_its_plan_says_so(tmp_path, monkeypatch):
+    """fm.relax's plan carries compile to the potential, as Simulation's does: here a compute
+    node without a C++ compiler, so the attempt fails for real and the chosen compilation
+    falls back, which shows that it was tried (before, relax dropped the setting)."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    from fastmace.runtime import environment
+
+    monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
+    for name in (environment.TORCHINDUCTOR_CACHE_DIR.name, environment.TRITON_CACHE_DIR.name,
+                 *environment.COMPILE_CACHE_FLAGS):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    torch._dynamo.reset()
+    engine = EngineSettings(compile=True, compile_fallback=True)
+    missing_compiler = {"cpp.cxx": (str(tmp_path / "no-such-c++"),)}
+    with (
+        torch._inductor.config.patch(missing_compiler),
+        pytest.warns(RuntimeWarning, match="could not compile this model.*runs uncompiled"),
+    ):
+        relaxation = Relaxation(
+            load("demo-emt-cu"), [copper(1)], FireSettings(fmax=0.05), max_steps=5, engine=engine
+        )
+    assert "no-such-c++" in (relaxation.potential.compile_failure or "")
+    assert not relaxation.potential.compiled

@@ -120,6 +120,8 @@ class Relaxation:
         self.potential = Potential.from_loaded(
             model,
             state.atomic_numbers,
+            compile=self.engine_settings.compile,
+            compile_fallback=self.engine_settings.compile_fallback,
             matmul_precision=self.engine_settings.matmul_precision,
             radial_table=self.engine_settings.radial_table,
             radial_table_fallback=self.engine_settings.radial_table_fallback,
