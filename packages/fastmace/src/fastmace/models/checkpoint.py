@@ -136,9 +136,11 @@ def import_mace() -> Any:
     FastMACE's OEq runtime prepares the process first (prebuilt library, build-once cache,
     no stale-lock waits). Its variables are set before ``contained`` and so survive it.
     """
+    from fastmace.models.lean_import import mace_tools_without_trainer
     from fastmace.oeq.host_extension import importing_openequivariance
 
     with importing_openequivariance(), contained():
+        mace_tools_without_trainer()  # its model code, not its trainer (lean_import)
         import mace.modules
 
         return mace.modules
