@@ -61,10 +61,9 @@ class _PackageNames:
             where = importlib.import_module(f"{self.package.__name__}.{_LIGHT_NAMES[name]}")
             return getattr(where, name)
         self._initialise()
-        try:
-            return self.package.__dict__[name]
-        except KeyError:
+        if name not in self.package.__dict__:
             raise AttributeError(f"module {self.package.__name__!r} has no attribute {name!r}")
+        return self.package.__dict__[name]
 
     def _initialise(self) -> None:
         """Run the package's own ``__init__`` in it, once (the trainer and all)."""
