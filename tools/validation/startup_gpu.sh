@@ -41,6 +41,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 38  # default 32,768; start-up; tests
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 39  # start-up, compiled default path
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 40  # Dynamo's precompile cache; uncompiled
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 41  # quiet runs and tables, lean import
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -537,6 +538,14 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     --out "$OUT/startup-default" > "$OUT/startup-default.log" 2>&1
   echo "start-up 13824, default (uncompiled for 200 steps): exit $?"
   grep -h "start-up\|^speed" "$OUT"/startup-default/*.log
+  ;;
+41)
+  # After mace-torch's model code is imported without its trainer: the quiet-run tests (no
+  # library warning in a CUDA run, conversion and compilation included) and the tables' tests.
+  timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_quiet_run.py" \
+    "$tests/test_radial_table.py" > "$OUT/gpu_tests_41.txt" 2>&1
+  echo "quiet-run and tables gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_41.txt"))"
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_41.txt" | head
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
