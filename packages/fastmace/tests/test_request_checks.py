@@ -36,6 +36,11 @@ REFUSED = {
     ),
     "unknown format": ({"trajectory_format": "xyz"}, "trajectory_format='xyz' is not allowed"),
     "float seed": ({"seed": 1.5}, "seed=1.5 is not allowed: give a whole number"),
+    "seed beyond 64 bits": (
+        {"seed": 2**64},
+        "seed=18446744073709551616 is not allowed: give a whole number from "
+        "-9223372036854775808 to 9223372036854775807",
+    ),
     "string resume": ({"resume": "no"}, "resume='no' is not allowed: give True or False"),
     "bad initial temperature": (
         {"initial_temperature_K": -5.0},

@@ -76,7 +76,9 @@ def check_arguments(arguments: Mapping[str, Any], look: bool = True) -> str:
     if "steps" in arguments:
         whole("steps", arguments["steps"], minimum=0)
     if "seed" in arguments:
-        whole("seed", arguments["seed"])
+        # A 64-bit integer: torch's generators take no more (system s of a batch draws from
+        # seed + s, which fits for any number of systems).
+        whole("seed", arguments["seed"], minimum=-(2**63), maximum=2**63 - 1)
     # No timestep given: 1 fs for a new run, the saved one on resume (checked when it was set).
     given = arguments.get("timestep_fs")
     timestep_fs = DEFAULT_TIMESTEP_FS if given is None else check_timestep(given)

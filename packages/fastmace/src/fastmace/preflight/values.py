@@ -65,16 +65,20 @@ def per_system(name: str, value: Any, unit: str) -> list[float]:
     return [float(item) for item in items]
 
 
-def whole(name: str, value: Any, *, minimum: int | None = None) -> int:
-    """A whole number (an int, not a float or bool), at least ``minimum`` if given."""
-    at_least = "" if minimum is None else f" >= {minimum}"
+def whole(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A whole number (an int, not a float or bool), at least ``minimum`` and at most
+    ``maximum`` if given."""
+    if maximum is not None and minimum is not None:
+        bounds = f" from {minimum} to {maximum}"
+    else:
+        bounds = "" if minimum is None else f" >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise RequestTypeError(
-            f"{_shown(name, value)} is not allowed: give a whole number{at_least}", name
+            f"{_shown(name, value)} is not allowed: give a whole number{bounds}", name
         )
-    if minimum is not None and value < minimum:
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise RequestError(
-            f"{_shown(name, value)} is not allowed: give a whole number{at_least}", name
+            f"{_shown(name, value)} is not allowed: give a whole number{bounds}", name
         )
     return int(value)
 
