@@ -5,6 +5,7 @@ from __future__ import annotations
 from conftest import run_fastmace
 
 import fastmace
+from fastmace.cli.main import attach_negative_numbers, build_parser
 
 
 def test_version(clean_env):
@@ -64,3 +65,16 @@ def test_models_fetch_unknown_label(clean_env):
     result = run_fastmace(["models", "fetch", "mh-7"], clean_env)
     assert result.returncode == 1
     assert "unknown model label 'mh-7'" in result.stderr
+
+
+def test_negative_numbers_in_scientific_notation_are_values():
+    """``--pressure -1e5`` as the user means it (argparse alone takes -1e5 for an option)."""
+    argv = ["md", "s.xyz", "--pressure", "-1e5", "--temperature", "-1.5e2,3", "--compile"]
+    assert attach_negative_numbers(argv) == [
+        "md", "s.xyz", "--pressure=-1e5", "--temperature=-1.5e2,3", "--compile",
+    ]  # fmt: skip
+    args = build_parser().parse_args(attach_negative_numbers(["md", "s.xyz", "--pressure", "-1e5"]))
+    assert args.pressure_GPa == -1e5
+    # What is not a number, or follows no long option, stays as it was.
+    for kept in (["--output", "-run"], ["--pressure", "-inf"], ["-o", "-1e5"], ["--a=1", "-2"]):
+        assert attach_negative_numbers(kept) == kept

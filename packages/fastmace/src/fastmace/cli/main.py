@@ -48,9 +48,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_negative_number(token: str) -> bool:
+    """``-1e5``, ``-0.5`` or ``-1e5,2e5``: numbers argparse would take for an option."""
+    if not token.startswith("-") or len(token) < 2 or not (token[1].isdigit() or token[1] == "."):
+        return False
+    try:
+        for part in token.split(","):
+            float(part)
+    except ValueError:
+        return False
+    return True
+
+
+def attach_negative_numbers(argv: Sequence[str]) -> list[str]:
+    """``--pressure -1e5`` as ``--pressure=-1e5``: argparse recognises plain negative numbers
+    (``-5``, ``-0.5``) as values but takes ``-1e5`` for an unknown option."""
+    attached: list[str] = []
+    for token in argv:
+        previous = attached[-1] if attached else ""
+        if previous.startswith("--") and "=" not in previous and _is_negative_number(token):
+            attached[-1] = f"{previous}={token}"
+        else:
+            attached.append(token)
+    return attached
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(attach_negative_numbers(sys.argv[1:] if argv is None else argv))
     try:
         return args.handler(args)
     except KeyboardInterrupt:
