@@ -9,6 +9,7 @@ import pytest
 
 from fastmace.runtime.cache import (
     CacheLocationError,
+    CacheUnusableError,
     CacheRoot,
     cache_dir,
     cache_root,
@@ -100,3 +101,15 @@ def test_scratch_dir_is_fresh(tmp_path):
     first, second = scratch_dir("gate-", env), scratch_dir("gate-", env)
     assert first != second
     assert first.parent == tmp_path / "c" and first.name.startswith("gate-")
+
+
+def test_a_cache_root_that_cannot_be_created_names_its_variable_and_the_fix(tmp_path):
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    environ = {"FASTMACE_CACHE": str(in_the_way / "cache")}
+    with pytest.raises(CacheUnusableError) as refused:
+        cache_dir("compile", "costs", environ=environ)
+    message = str(refused.value)
+    assert message.startswith(f"the cache root {in_the_way / 'cache'} (from FASTMACE_CACHE)")
+    assert "Not a directory" in message and "set FASTMACE_CACHE to a writable directory" in message
+    assert isinstance(refused.value, OSError)  # callers that tolerate an unwritable cache still do

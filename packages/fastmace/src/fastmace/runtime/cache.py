@@ -27,6 +27,10 @@ class CacheLocationError(RuntimeError):
     """The cache root lies where FastMACE must not write (inside the Python environment)."""
 
 
+class CacheUnusableError(OSError):
+    """A directory of the cache root cannot be created (a file in the way, no permission)."""
+
+
 @dataclass(frozen=True)
 class CacheRoot:
     """The cache root and how it was chosen."""
@@ -96,8 +100,20 @@ def cache_dir(kind: str, *parts: str, environ: Mapping[str, str] | None = None) 
     """``<cache root>/<kind>/<parts...>``, created now because the caller is about to use it."""
     if kind not in KINDS:
         raise ValueError(f"unknown cache kind {kind!r}; the kinds are {sorted(KINDS)}")
-    directory = cache_root(environ).path.joinpath(kind, *parts)
-    directory.mkdir(parents=True, exist_ok=True)
+    root = cache_root(environ)
+    directory = root.path.joinpath(kind, *parts)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        fix = (
+            "set FASTMACE_CACHE to a writable directory"
+            if root.source == "FASTMACE_CACHE"
+            else "set FASTMACE_CACHE to a writable directory, or make this one writable"
+        )
+        raise CacheUnusableError(
+            f"the cache root {root.path} (from {root.source}) cannot be used: creating "
+            f"{directory} failed ({error.strerror or error}); {fix} (fastmace doctor checks it)",
+        ) from error
     return directory
 
 
