@@ -9,8 +9,8 @@ import pytest
 
 from fastmace.runtime.cache import (
     CacheLocationError,
-    CacheUnusableError,
     CacheRoot,
+    CacheUnusableError,
     cache_dir,
     cache_root,
     check_cache_root,
