@@ -92,6 +92,11 @@ def test_backend_reason_is_one_in_metadata_report_and_plan(tmp_path):
     assert model["backend"] == planned["value"]
     assert model["backend_reason"] == planned["reason"]
     assert f"backend:   {model['backend']}: {planned['reason']}\n" in result.report
+    # The plan's K of 50, shortened to the thermo interval of 5: the report says both.
+    assert document["plan"]["decisions"]["block_steps"]["value"] == 50
+    assert document["engine"]["block_steps"] == 5
+    assert "engine:    5 steps per launch (the plan's K = 50, shortened" in result.report
+    assert document["engine"]["radial_table_failure"] is None
     # Without a plan (a Simulation made directly) all three say what loading the model said.
     loaded = load("demo-emt-cu")
     run = Simulation(loaded, [copper()], settings(), tmp_path / "direct")

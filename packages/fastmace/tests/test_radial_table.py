@@ -123,6 +123,13 @@ def test_models_whose_weights_are_not_a_function_of_the_distance_are_refused(mon
         tabulated_model(template("tiny-agnesi", dtype=torch.float32))
     with pytest.raises(UnsupportedModelError, match="leave radial_table off"):
         Potential(template("polar-tiny", dtype=torch.float32), [1, 8], radial_table=True)
+    # Tables the planner chose (fallback on) that cannot be built: the MLPs run, with a warning.
+    with pytest.warns(RuntimeWarning, match="distance transform.*the radial MLPs run as trained"):
+        chosen = Potential(
+            template("tiny-agnesi", dtype=torch.float32), [1, 8], radial_table=True,
+            radial_table_fallback=True,
+        )  # fmt: skip
+    assert chosen.table_report is None and "distance transform" in (chosen.table_failure or "")
 
 
 def test_a_run_whose_model_cannot_have_tables_writes_nothing(tmp_path):

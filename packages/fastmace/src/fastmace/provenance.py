@@ -280,6 +280,7 @@ def engine_record(simulation: Simulation) -> dict[str, Any]:
         "radial_table": (
             dataclasses.asdict(report) if (report := simulation.potential.table_report) else None
         ),
+        "radial_table_failure": simulation.potential.table_failure,
         "skin_A": neighbours.skin,
         "headroom": neighbours.headroom,
         "edge_capacity": neighbours.capacity,
@@ -431,6 +432,12 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
             f", radial weights from tables ({table.intervals} intervals, error "
             f"{table.max_relative_error:.0e} of the weights)"
         )
+    elif simulation.potential.table_failure:
+        graphs += f", radial MLPs (tables not built: {simulation.potential.table_failure})"
+    launch = f"{simulation.block_steps} steps per launch"
+    planned = simulation.engine_settings.block_steps
+    if planned != simulation.block_steps:
+        launch += f" (the plan's K = {planned}, shortened to divide every output interval)"
     gate = (
         simulation.gate.summary() if simulation.gate is not None else "not run (fm.md check='gate')"
     )
@@ -442,7 +449,7 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         f"run:       {settings.ensemble.describe()}, {result.steps} steps of "
         f"{settings.timestep_fs} fs, seed {settings.seed}"
         + "".join(f"; {schedule.describe()}" for schedule in settings.schedules()),
-        f"engine:    {simulation.block_steps} steps per launch, {graphs}, edge capacity "
+        f"engine:    {launch}, {graphs}, edge capacity "
         f"{neighbours.capacity} ({neighbours.method}; model edges "
         f"{neighbours.cutoff_capacity}), list regrown {engine.regrowths}x",
         f"gate:      {gate}",
