@@ -57,9 +57,34 @@ INPUTS: dict[str, Callable[[], ase.Atoms]] = {
 }
 
 
+# A CIF whose site at (1/2, 1/2, 0) is half copper, half gold (a disordered alloy).
+PARTIAL_CIF = """data_cuau
+_cell_length_a 3.61
+_cell_length_b 3.61
+_cell_length_c 3.61
+_cell_angle_alpha 90
+_cell_angle_beta 90
+_cell_angle_gamma 90
+_symmetry_space_group_name_H-M 'P 1'
+loop_
+_atom_site_label
+_atom_site_type_symbol
+_atom_site_fract_x
+_atom_site_fract_y
+_atom_site_fract_z
+_atom_site_occupancy
+Cu1 Cu 0 0 0 1.0
+Cu2 Cu 0.5 0.5 0 0.5
+Au2 Au 0.5 0.5 0 0.5
+Cu3 Cu 0.5 0 0.5 1.0
+Cu4 Cu 0 0.5 0.5 1.0
+"""
+
+
 def _write_inputs(directory: Path) -> None:
     for name, make in INPUTS.items():
         ase.io.write(directory / name, make())
+    (directory / "partial.cif").write_text(PARTIAL_CIF)
     shutil.copyfile(DEMO, directory / "own.model")
     shutil.copyfile(EXAMPLE, directory / "cu.extxyz")
 
@@ -117,6 +142,9 @@ FM_MD_REFUSED = {
     "infinite timestep": ("cu.extxyz", {"timestep_fs": float("inf")}, "timestep_fs=inf is not"),
     "missing model file": ("cu.extxyz", {"model": "{dir}/nope.model"}, "does not exist"),
     "repeat too large": ("cu.extxyz", {"repeat": (100, 100, 100)}, "makes 32,000,000 atoms"),
+    "fractional occupancy": (
+        "partial.cif", {}, "has sites of fractional occupancy (site 1: Cu 0.5, Au 0.5"
+    ),
 }  # fmt: skip
 
 

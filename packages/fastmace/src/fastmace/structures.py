@@ -102,6 +102,8 @@ def read_structures(
                     f"{type(structure).__name__} {structure!r:.60}"
                 )
     structures = [atoms.copy() for atoms in structures]
+    for number, atoms in enumerate(structures):
+        _refuse_partial_sites(atoms, structure if len(structures) == 1 else f"structure {number}")
     if repeat is not None:
         counts = (repeat,) * 3 if isinstance(repeat, int) else tuple(repeat)
         if (
@@ -112,6 +114,40 @@ def read_structures(
             raise ValueError(f"repeat must be three positive integers, got {repeat!r}")
         structures = [atoms.repeat(counts) for atoms in structures]
     return structures
+
+
+class DisorderedStructureError(ValueError):
+    """A structure with sites of fractional occupancy (ASE keeps one element per site)."""
+
+
+def _refuse_partial_sites(atoms: ase.Atoms, source: object) -> None:
+    """Refuse a structure read from a file with partly occupied or shared sites: ASE keeps
+    one element per site, at full weight, and says nothing (``atoms.info["occupancy"]``)."""
+    occupancy = atoms.info.get("occupancy")
+    if not isinstance(occupancy, dict):
+        return
+    partial = []
+    for site, shares in occupancy.items():
+        if not isinstance(shares, dict):
+            continue
+        if len(shares) > 1 or any(float(share) < 1 - 1e-6 for share in shares.values()):
+            shown = ", ".join(f"{element} {float(share):g}" for element, share in shares.items())
+            partial.append(f"site {site}: {shown}")
+    if partial:
+        where = (
+            f"the structure file {source}"
+            if isinstance(source, str | os.PathLike)
+            else ("the structure" if isinstance(source, ase.Atoms) else str(source))
+        )
+        listed = "; ".join(partial[:5]) + (
+            f"; and {len(partial) - 5} more" if len(partial) > 5 else ""
+        )
+        raise DisorderedStructureError(
+            f"{where} has sites of fractional occupancy ({listed}): ASE reads one element per "
+            "site, at full weight, so the run would not be of this material. Make an ordered "
+            "cell first (one element per site, for instance a supercell with the occupancies "
+            "as fractions of its sites, such as a special quasirandom structure) and run that"
+        )
 
 
 def _kind(path: Path) -> str:
