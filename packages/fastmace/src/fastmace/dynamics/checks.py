@@ -68,7 +68,7 @@ def _check_one(atoms: ase.Atoms, where: str, known: set[int] | None, min_distanc
             f"{where} has a periodic cell of zero volume (cell vectors {cell.tolist()}); the cell "
             "vectors must be linearly independent"
         )
-    first, second, distance = neighbor_list("ijd", atoms, min_distance)
+    first, second, distance = _close_pairs(atoms, min_distance)
     if len(distance):
         closest = int(np.argmin(distance))
         raise StructureError(
@@ -76,6 +76,49 @@ def _check_one(atoms: ase.Atoms, where: str, known: set[int] | None, min_distanc
             f"{distance[closest]:.3f} Å apart (less than {min_distance} Å): overlapping atoms; "
             "check the structure file, its units (Å) and its cell"
         )
+
+
+# ASE's neighbour list bins the whole cell (bins at least 3 Å wide): a mostly empty cell of
+# 1e6 Å asks it for 1e16 bins, and it allocates tens of GB. Past this many bins per atom the
+# close pairs are found by comparing every pair instead, in pieces of bounded size.
+MOST_ASE_BINS_PER_ATOM = 64
+PAIRS_PER_PIECE = 4_000_000
+
+
+def _close_pairs(atoms: ase.Atoms, cutoff: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pairs of atoms closer than ``cutoff`` (indices and distances), in memory that grows with
+    the atoms whatever the cell's size."""
+    pbc = atoms.get_pbc()
+    cell = np.asarray(atoms.get_cell())
+    positions = atoms.get_positions()
+    if pbc.any():
+        volume = abs(np.linalg.det(cell)) if pbc.all() else None
+        faces = [np.linalg.norm(np.cross(cell[(i + 1) % 3], cell[(i + 2) % 3])) for i in range(3)]
+        heights = np.array(
+            [volume / face if volume and face > 0 else np.ptp(positions[:, i]) for i, face in
+             enumerate(faces)]
+        )  # fmt: skip
+    else:
+        heights = np.ptp(positions, axis=0)
+    ase_bins = np.prod(np.maximum(1.0, np.floor(heights / max(cutoff, 3.0))))
+    if ase_bins <= MOST_ASE_BINS_PER_ATOM * len(atoms) + 1000 or not (
+        pbc.all() and heights.min() >= 2 * cutoff
+    ):
+        return neighbor_list("ijd", atoms, cutoff)
+    # Every periodic height is at least twice the cutoff, so a pair within it has fractional
+    # differences below 1/2 and the rounded (minimum) image is that pair's only close image.
+    reciprocal = np.linalg.inv(cell)
+    rows = max(1, PAIRS_PER_PIECE // len(atoms))
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for start in range(0, len(atoms), rows):
+        delta = positions[None, :, :] - positions[start : start + rows, None, :]
+        fractional = delta @ reciprocal
+        delta = (fractional - np.round(fractional)) @ cell
+        distance = np.linalg.norm(delta, axis=-1)
+        first, second = np.nonzero(distance < cutoff)
+        keep = first + start != second
+        found.append((first[keep] + start, second[keep], distance[first[keep], second[keep]]))
+    return tuple(np.concatenate(parts) for parts in zip(*found, strict=True))  # type: ignore[return-value]
 
 
 def _check_velocities(atoms: ase.Atoms, where: str) -> None:
