@@ -54,19 +54,48 @@ REFUSED = {
         "cannot heat system 0 from rest",
     ),
     "a single atom thermostatted": ({"structure": "single atom"}, "at least 2 atoms per system"),
+    "a zero mass": ({"structure": "zero mass"}, "masses that are not positive and finite (atom 3: 0"),
+    "exchange under NPT": (
+        {"ensemble": "npt", "pressure_GPa": 0.0, "replicas": 2, "temperature_K": [300.0, 350.0],
+         "exchange_every": 10},
+        "replica exchange is not offered under npt: a swap between walkers at different volumes",
+    ),
+    "exchange without a thermostat": (
+        {"ensemble": "nve", "replicas": 2, "temperature_K": None, "exchange_every": 10},
+        "the nve ensemble has no thermostat",
+    ),
+    "exchange ladder descending": (
+        {"replicas": 2, "temperature_K": [400.0, 300.0], "exchange_every": 10},
+        "strictly ascending, lowest first; got [400.0, 300.0]",
+    ),
+    "exchange with one temperature": (
+        {"replicas": 2, "exchange_every": 10},
+        "needs one temperature per replica (2 replicas, 1 temperatures)",
+    ),
+    "negative exchange interval": (
+        {"exchange_every": -1}, "exchange_every=-1 is not allowed: give a whole number >= 0"
+    ),
 }
 
 _REFUSALS = """
 import json, sys
 import ase
+import ase.io
 import fastmace as fm
 
 cases = json.loads(sys.argv[1])
 example, out = sys.argv[2], sys.argv[3]
 seen = {}
 for name, (arguments, _) in cases.items():
-    structure = ase.Atoms("Cu", cell=[5, 5, 5], pbc=True) if arguments.pop(
-        "structure", None) else example
+    kind = arguments.pop("structure", None)
+    structure = example
+    if kind == "single atom":
+        structure = ase.Atoms("Cu", cell=[5, 5, 5], pbc=True)
+    elif kind == "zero mass":
+        structure = ase.io.read(example)
+        masses = structure.get_masses()
+        masses[3] = 0.0
+        structure.set_masses(masses)
     arguments = {"temperature_K": 300.0, "steps": 2, "output": f"{out}/{len(seen)}", **arguments}
     try:
         fm.md(structure, **arguments)

@@ -45,6 +45,7 @@ def _check_one(atoms: ase.Atoms, where: str, known: set[int] | None, min_distanc
     if not np.isfinite(positions).all():
         bad = np.flatnonzero(~np.isfinite(positions).all(axis=1))
         raise StructureError(f"{where} has non-finite positions (atoms {bad[:10].tolist()})")
+    _check_masses(atoms, where)
     _check_velocities(atoms, where)
     unknown = [] if known is None else sorted(set(atoms.get_atomic_numbers().tolist()) - known)
     if unknown:
@@ -119,6 +120,18 @@ def _close_pairs(atoms: ase.Atoms, cutoff: float) -> tuple[np.ndarray, np.ndarra
         keep = first + start != second
         found.append((first[keep] + start, second[keep], distance[first[keep], second[keep]]))
     return tuple(np.concatenate(parts) for parts in zip(*found, strict=True))  # type: ignore[return-value]
+
+
+def _check_masses(atoms: ase.Atoms, where: str) -> None:
+    """Refuse zero, negative and non-finite masses (set by hand, or read from a file)."""
+    masses = atoms.get_masses()
+    bad = np.flatnonzero(~(np.isfinite(masses) & (masses > 0)))
+    if len(bad):
+        shown = ", ".join(f"atom {i}: {masses[i]:g}" for i in bad[:5])
+        raise StructureError(
+            f"{where} has masses that are not positive and finite ({shown}); set them "
+            "(atoms.set_masses()) or leave ASE's defaults for the elements"
+        )
 
 
 def _check_velocities(atoms: ase.Atoms, where: str) -> None:

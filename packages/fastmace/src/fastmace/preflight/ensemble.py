@@ -7,6 +7,7 @@ before either, so that a bad setting leaves nothing behind.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,13 @@ from typing import Any
 import ase
 
 from fastmace.preflight.values import RequestError, number, one_of, per_system, whole
-from fastmace.vocabulary import CELL_MODES, MAX_TIMESTEP_FS, bind_ensemble, takes_pressure
+from fastmace.vocabulary import (
+    CELL_MODES,
+    MAX_TIMESTEP_FS,
+    bind_ensemble,
+    needs_temperature,
+    takes_pressure,
+)
 
 
 @dataclass(frozen=True)
@@ -159,3 +166,53 @@ def _check_can_heat(
                 "> 0, or use nvt (Langevin) to heat from rest",
                 "initial_temperature_K",
             )
+
+
+def check_exchange(
+    canonical: str,
+    settings: Mapping[str, Any],
+    structures: Sequence[ase.Atoms],
+    exchange_every: Any,
+) -> None:
+    """Replica exchange's request, before anything is loaded: a whole interval, a fixed-cell
+    thermostat, copies of one structure, and one ascending temperature per copy."""
+    if exchange_every is None:
+        return
+    every = whole("exchange_every", exchange_every, minimum=0)
+    if every == 0:
+        return
+    if takes_pressure(canonical):
+        raise RequestError(
+            f"replica exchange is not offered under {canonical}: a swap between walkers at "
+            "different volumes needs a P·ΔV term in its acceptance, which FastMACE does not "
+            "have, so the ladder would sample the wrong ensemble. Run the ladder at a fixed "
+            "cell (nvt, nvt-csvr or nvt-nose-hoover), at the volume an NPT run gave",
+            "exchange_every",
+        )
+    if not needs_temperature(canonical):
+        raise RequestError(
+            f"replica exchange swaps thermostat temperatures; the {canonical} ensemble has no "
+            "thermostat: use nvt, nvt-csvr or nvt-nose-hoover",
+            "exchange_every",
+        )
+    numbers = {tuple(int(z) for z in atoms.numbers) for atoms in structures}
+    if len(numbers) != 1:
+        raise RequestError(
+            "replica exchange swaps temperatures between copies of one structure: give one "
+            "structure with replicas=N and temperature_K=[one per replica]",
+            "exchange_every",
+        )
+    ladder = per_system("temperature_K", settings.get("temperature_K", []), "K")
+    if len(structures) < 2 or len(ladder) != len(structures):
+        raise RequestError(
+            f"replica exchange needs one temperature per replica ({len(structures)} replicas, "
+            f"{len(ladder)} temperatures): give replicas=N and temperature_K=[N values, lowest "
+            "first], for instance fm.geometric_ladder(300, 600, N)",
+            "temperature_K",
+        )
+    if any(high <= low for low, high in itertools.pairwise(ladder)):
+        raise RequestError(
+            f"replica exchange needs the temperatures strictly ascending, lowest first; got "
+            f"{ladder}",
+            "temperature_K",
+        )

@@ -23,6 +23,7 @@ from fastmace.dynamics.checks import StructureError, check_structures
 from fastmace.planner.guard import GuardConfig
 from fastmace.preflight.ensemble import (
     BOUNDS,
+    check_exchange,
     check_fits_structures,
     check_settings,
     check_timestep,
@@ -241,6 +242,7 @@ def check_request(
     settings = {name: value for name, value in settings.items() if value is not None}
     initial = arguments.get("initial_temperature_K")
     check_fits_structures(ensemble, settings, structures, initial, resume)
+    check_exchange(ensemble, settings, structures, arguments.get("exchange_every"))
     check_run_directory(arguments.get("output"), resume, arguments.get("steps"))
     charge, spin = check_charge_and_spin(arguments, len(structures))
     return CheckedRequest(units, structures, ensemble, charge, spin)
