@@ -113,3 +113,19 @@ def test_the_plot_leaves_pyplot_alone(clean_env, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
     assert png_size(tmp_path / "one.png") == (1000, 800)
+
+
+def test_fastmace_plot_draws_a_relaxation_from_its_relax_csv(clean_env, tmp_path):
+    """A relaxation's directory has relax.csv, no thermo.csv: its own plot, not a hint about
+    --thermo-every."""
+    rattled = tmp_path / "rattled.extxyz"
+    write = f"import ase.io; a = ase.io.read({str(EXAMPLE)!r}); a.rattle(0.1, seed=2); "
+    run_python(write + f"ase.io.write({str(rattled)!r}, a)", clean_env)
+    run = tmp_path / "relax"
+    relaxed = run_fastmace(["relax", str(rattled), "-o", str(run)], clean_env)
+    assert relaxed.returncode == 0, relaxed.stderr[-2000:]
+    result = run_fastmace(["plot", str(run)], clean_env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == f"wrote {run / 'relax.png'}"
+    assert png_size(run / "relax.png") == (1000, 600)
+    assert not (run / "thermo.png").exists()

@@ -54,10 +54,18 @@ REFUSED = {
         "cannot heat system 0 from rest",
     ),
     "a single atom thermostatted": ({"structure": "single atom"}, "at least 2 atoms per system"),
-    "a zero mass": ({"structure": "zero mass"}, "masses that are not positive and finite (atom 3: 0"),
+    "a zero mass": (
+        {"structure": "zero mass"},
+        "masses that are not positive and finite (atom 3: 0",
+    ),
     "exchange under NPT": (
-        {"ensemble": "npt", "pressure_GPa": 0.0, "replicas": 2, "temperature_K": [300.0, 350.0],
-         "exchange_every": 10},
+        {
+            "ensemble": "npt",
+            "pressure_GPa": 0.0,
+            "replicas": 2,
+            "temperature_K": [300.0, 350.0],
+            "exchange_every": 10,
+        },
         "replica exchange is not offered under npt: a swap between walkers at different volumes",
     ),
     "exchange without a thermostat": (
@@ -73,7 +81,8 @@ REFUSED = {
         "needs one temperature per replica (2 replicas, 1 temperatures)",
     ),
     "negative exchange interval": (
-        {"exchange_every": -1}, "exchange_every=-1 is not allowed: give a whole number >= 0"
+        {"exchange_every": -1},
+        "exchange_every=-1 is not allowed: give a whole number >= 0",
     ),
 }
 

@@ -14,6 +14,14 @@ from pathlib import Path
 from fastmace.io.atomic import atomic_write
 
 PLOT_FILE = "thermo.png"
+RELAX_PLOT_FILE = "relax.png"
+# (relax.csv column, panel title, logarithmic): a relaxation's panels, against the iteration.
+RELAX_PANELS = (
+    ("energy_eV", "energy (eV)", False),
+    ("fmax_eV_per_A", "largest force (eV/Å)", True),
+    ("enthalpy_eV", "enthalpy (eV)", False),
+    ("volume_A3", "volume (Å³)", False),
+)
 INSTALL_HINT = 'pip install "fastmace[plot]"'
 # (thermo.csv column, panel title), one panel each, in reading order on a 2-column grid.
 PANELS = (
@@ -91,6 +99,52 @@ def plot_thermo(thermo_csv: Path, png: Path) -> Path:
     if 1 < len(series) <= 10:  # a larger batch's legend would hide the lines
         axes[0].legend(fontsize="small")
     figure.suptitle(str(Path(thermo_csv).resolve().parent.name))
+    png = Path(png)
+    atomic_write(png, lambda stream: figure.savefig(stream, format="png", dpi=100))
+    return png
+
+
+def read_relaxation(relax_csv: Path) -> dict[int, dict[str, list[float]]]:
+    """Each system's columns of a relaxation's ``relax_csv``: {system: {column: values}}."""
+    relax_csv = Path(relax_csv)
+    with relax_csv.open(encoding="utf-8", newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    if not rows or "iteration" not in rows[0]:
+        raise ValueError(f"{relax_csv} has no relaxation rows to plot")
+    series: dict[int, dict[str, list[float]]] = {}
+    for row in rows:
+        system = series.setdefault(int(row.get("system") or 0), {"iteration": []})
+        system["iteration"].append(_number(row["iteration"]))
+        for column, _, _ in RELAX_PANELS:
+            system.setdefault(column, []).append(_number(row.get(column)))
+    return series
+
+
+def plot_relaxation(relax_csv: Path, png: Path) -> Path:
+    """Draw a relaxation's ``relax_csv`` (energy, largest force, enthalpy and volume against
+    the iteration, one line per system) into ``png``, replaced atomically; ``png``."""
+    if not can_plot():
+        raise PlotUnavailableError(f"plotting needs matplotlib: {INSTALL_HINT}")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    series = read_relaxation(relax_csv)
+    figure = Figure(figsize=(10, 6), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, 2, sharex=True).ravel()
+    for ax, (column, title, logarithmic) in zip(axes, RELAX_PANELS, strict=True):
+        for system, values in series.items():
+            label = f"system {system}" if len(series) > 1 else None
+            ax.plot(values["iteration"], values[column], label=label, linewidth=1, marker=".")
+        positive = [v for values in series.values() for v in values[column] if v > 0]
+        if logarithmic and positive:
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize="medium")
+    for ax in axes[-2:]:
+        ax.set_xlabel("iteration")
+    if 1 < len(series) <= 10:
+        axes[0].legend(fontsize="small")
+    figure.suptitle(str(Path(relax_csv).resolve().parent.name))
     png = Path(png)
     atomic_write(png, lambda stream: figure.savefig(stream, format="png", dpi=100))
     return png
