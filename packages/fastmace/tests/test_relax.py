@@ -239,3 +239,21 @@ def test_a_relaxation_compiles_when_its_plan_says_so(tmp_path, monkeypatch):
         )
     assert "no-such-c++" in (relaxation.potential.compile_failure or "")
     assert not relaxation.potential.compiled
+
+
+def test_each_progress_line_is_shown_once(demo, monkeypatch):
+    """A line after every block (the interval set to zero), and the last one not again."""
+    import io
+
+    from fastmace import relaxation
+
+    monkeypatch.setattr(relaxation, "_PROGRESS_EVERY_S", 0.0)
+    atoms = copper(1)
+    atoms.rattle(0.1, seed=2)
+    shown = io.StringIO()
+    Relaxation(
+        demo, [atoms], FireSettings(fmax=0.05), max_steps=300, engine=SHORT_BLOCKS, progress=shown
+    ).run()
+    lines = shown.getvalue().splitlines()
+    assert len(lines) >= 2 and all(line.startswith("relax: iteration ") for line in lines)
+    assert len(set(lines)) == len(lines), lines

@@ -167,16 +167,18 @@ class Relaxation:
         started = time.perf_counter()
         last_said = started
         status = self._log_block()
+        said = False  # whether the line for the latest block has been shown
         while not all(status["converged"]) and self.engine.steps_done < self.max_steps:
             self.engine.run_block(min(self.engine.block_steps,
                                       self.max_steps - self.engine.steps_done))  # fmt: skip
             status = self._log_block()
+            said = False
             if self.progress is not None and time.perf_counter() - last_said >= _PROGRESS_EVERY_S:
                 self._say(status)
-                last_said = time.perf_counter()
+                last_said, said = time.perf_counter(), True
         self.timings["relax_s"] = time.perf_counter() - started
         result = self._result(status)
-        if self.progress is not None:
+        if self.progress is not None and not said:  # the last block's line, once
             self._say(status)
         if self.output is not None:
             self._write(result)
