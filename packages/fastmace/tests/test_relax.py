@@ -155,7 +155,12 @@ def test_fm_relax_writes_its_directory_and_refuses_a_used_one(tmp_path):
     metadata = json.loads((output / "metadata.json").read_text())
     assert metadata["kind"] == "relaxation" and metadata["results"]["converged"] == [True]
     assert metadata["model"]["label"] == "demo-emt-cu"
-    assert "converged after" in (output / "report.txt").read_text()
+    report = (output / "report.txt").read_text()
+    assert "converged after" in report
+    # The backend's reason is the plan's (nothing was asked for), in the report and metadata.
+    assert "backend:   e3nn: measured: on the CPU e3nn beats" in report
+    assert "asked for" not in report
+    assert metadata["model"]["backend_reason"].startswith("measured: on the CPU e3nn beats")
     with pytest.raises(FileExistsError, match="never written over"):
         fm.relax(copper(4), output=output)
 

@@ -629,8 +629,8 @@ def relax(
             model, plan, head=head, checkpoint=checkpoint, sha256=sha256, trusted=trusted
         )
         relaxation = Relaxation(
-            loaded, structures, settings, max_steps=steps, engine=plan.engine_settings(),
-            output=output, progress=progress, dispersion=dispersion,
+            loaded, structures, settings, max_steps=steps, plan=plan, output=output,
+            progress=progress, dispersion=dispersion,
             dispersion_functional=dispersion_functional, charge=charge, spin=spin,
         )  # fmt: skip
         return relaxation.run()

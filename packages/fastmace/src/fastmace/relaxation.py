@@ -35,7 +35,7 @@ from fastmace.dynamics.relax import FireSettings, FireState, fire_init, fire_ste
 from fastmace.dynamics.state import State
 from fastmace.io.atomic import atomic_write_text
 from fastmace.models.load import LoadedModel
-from fastmace.planner import EngineSettings
+from fastmace.planner import EngineSettings, Plan
 
 # The files of a relaxation's output directory.
 RELAXED = "relaxed.extxyz"
@@ -88,6 +88,7 @@ class Relaxation:
         *,
         max_steps: int = 1000,
         engine: EngineSettings | None = None,
+        plan: Plan | None = None,
         output: str | Path | None = None,
         progress: TextIO | None = None,
         dispersion: str | None = None,
@@ -96,7 +97,9 @@ class Relaxation:
         spin: PerSystemValue = None,
     ) -> None:
         """``charge`` and ``spin``: each system's total charge and spin multiplicity for a
-        long-range model (MACE-POLAR-1), as for fm.md (default: ``atoms.info``)."""
+        long-range model (MACE-POLAR-1), as for fm.md (default: ``atoms.info``). ``plan``:
+        the run's plan (fm.relax), whose engine settings and reasons the relaxation uses;
+        else ``engine``, or the model's own device and backend."""
         started = time.perf_counter()
         if isinstance(max_steps, bool) or not (isinstance(max_steps, int) and max_steps >= 0):
             raise ValueError(f"max_steps must be a whole number >= 0, got {max_steps!r}")
@@ -112,7 +115,17 @@ class Relaxation:
             dispersion, dispersion_functional, model, structures
         )
         self.model, self.settings, self.max_steps = model, settings, max_steps
-        self.engine_settings = engine or EngineSettings(device=model.device, backend=model.backend)
+        if plan is not None and engine is not None and engine != plan.engine_settings():
+            raise ValueError(
+                "Relaxation got engine settings twice, from the plan and as engine=, and they "
+                "differ: force a setting through the plan's EngineConfig instead"
+            )
+        self.plan = plan
+        self.engine_settings = (
+            plan.engine_settings()
+            if plan is not None
+            else engine or EngineSettings(device=model.device, backend=model.backend)
+        )
         self.structures = [atoms.copy() for atoms in structures]
         self.progress = progress
         self.output = _claim_output(Path(output)) if output is not None else None
@@ -157,6 +170,13 @@ class Relaxation:
         )
         self.log_rows: list[dict[str, Any]] = []
         self.timings = {"setup_s": time.perf_counter() - started}
+
+    def backend_reason(self) -> str:
+        """Why this backend: the plan's reason when the relaxation was planned, else what
+        loading the model said (as for MD runs, provenance.backend_reason)."""
+        if self.plan is not None and self.model.backend == self.plan.backend:
+            return self.plan.decision("backend").reason
+        return self.model.backend_reason
 
     @property
     def md(self) -> FireState:
@@ -263,7 +283,7 @@ class Relaxation:
         lines = [
             "FastMACE relaxation report",
             f"model:     {self.model.summary()}",
-            f"backend:   {self.model.backend}: {self.model.backend_reason}",
+            f"backend:   {self.model.backend}: {self.backend_reason()}",
             f"relax:     FIRE on the {target}, fmax {settings.fmax:g} eV/Å, at most "
             f"{self.max_steps} iterations, largest step {settings.max_step_A:g} Å",
             f"dispersion: {self._dispersion_summary()}",
@@ -318,7 +338,7 @@ class Relaxation:
             "status": "finished",
             "software": software(),
             "device": device_record(self.model.device),
-            "model": model_record(self.model, self.model.backend_reason),
+            "model": model_record(self.model, self.backend_reason()),
             "structures": structures_record(self.structures, self.charges, self.spins),
             "settings": {"fire": vars(self.settings), "max_steps": self.max_steps},
             "dispersion": self.dispersion.record() if self.dispersion is not None else None,
