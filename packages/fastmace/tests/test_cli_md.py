@@ -112,7 +112,7 @@ def test_run_and_plot_help(clean_env):
     run = run_fastmace(["run", "--help"], clean_env)
     assert run.returncode == 0 and "TOML file" in run.stdout
     plot = _option_help(run_fastmace(["plot", "--help"], clean_env).stdout)
-    assert "(default: RUN_DIR/thermo.png)" in plot["--output"]
+    assert "(default: RUN_DIR/thermo.png, or relax.png for a relaxation)" in plot["--output"]
 
 
 def test_per_system_numbers_take_one_value_or_one_per_system():
