@@ -35,7 +35,7 @@ from fastmace.runtime.driver import nvidia_driver_version
 
 if TYPE_CHECKING:
     from fastmace.models.load import LoadedModel
-    from fastmace.planner import EngineSettings
+    from fastmace.planner import EngineSettings, Plan
     from fastmace.runs import MDResult, RunSettings
     from fastmace.simulation import Simulation
 
@@ -329,14 +329,19 @@ def simulation_metadata(
 # -- the report ------------------------------------------------------------------------------
 
 
+def planned_backend_reason(model: LoadedModel, plan: Plan | None) -> str:
+    """Why ``model``'s backend: the plan's reason when the run was planned for that backend,
+    else what loading the model said (MD runs and relaxations alike)."""
+    if plan is not None and model.backend == plan.backend:
+        return plan.decision("backend").reason
+    return model.backend_reason
+
+
 def backend_reason(simulation: Simulation) -> str:
     """Why this backend, for ``metadata.json``, the report and so the plan alike: the plan's
     reason when the run was planned (a fallback's when the gate replaced it), else what
     loading the model said."""
-    if simulation.plan is not None and simulation.model.backend == simulation.plan.backend:
-        reason = simulation.plan.decision("backend").reason
-    else:
-        reason = simulation.model.backend_reason
+    reason = planned_backend_reason(simulation.model, simulation.plan)
     if simulation.fallbacks:
         reason += f" (after {len(simulation.fallbacks)} failed: see the gate)"
     return reason

@@ -35,7 +35,7 @@ from fastmace.dynamics.relax import FireSettings, FireState, fire_init, fire_ste
 from fastmace.dynamics.state import State
 from fastmace.io.atomic import atomic_write_text
 from fastmace.models.load import LoadedModel
-from fastmace.planner import EngineSettings, Plan
+from fastmace.planner import EngineSettings, Plan, engine_settings_for
 
 # The files of a relaxation's output directory.
 RELAXED = "relaxed.extxyz"
@@ -115,17 +115,9 @@ class Relaxation:
             dispersion, dispersion_functional, model, structures
         )
         self.model, self.settings, self.max_steps = model, settings, max_steps
-        if plan is not None and engine is not None and engine != plan.engine_settings():
-            raise ValueError(
-                "Relaxation got engine settings twice, from the plan and as engine=, and they "
-                "differ: force a setting through the plan's EngineConfig instead"
-            )
         self.plan = plan
-        self.engine_settings = (
-            plan.engine_settings()
-            if plan is not None
-            else engine or EngineSettings(device=model.device, backend=model.backend)
-        )
+        own = EngineSettings(device=model.device, backend=model.backend)
+        self.engine_settings = engine_settings_for("Relaxation", engine, plan, own)
         self.structures = [atoms.copy() for atoms in structures]
         self.progress = progress
         self.output = _claim_output(Path(output)) if output is not None else None
@@ -170,13 +162,6 @@ class Relaxation:
         )
         self.log_rows: list[dict[str, Any]] = []
         self.timings = {"setup_s": time.perf_counter() - started}
-
-    def backend_reason(self) -> str:
-        """Why this backend: the plan's reason when the relaxation was planned, else what
-        loading the model said (as for MD runs, provenance.backend_reason)."""
-        if self.plan is not None and self.model.backend == self.plan.backend:
-            return self.plan.decision("backend").reason
-        return self.model.backend_reason
 
     @property
     def md(self) -> FireState:
@@ -275,6 +260,8 @@ class Relaxation:
 
     def report(self, result: RelaxResult) -> str:
         """One screen: model, settings, engine, each system's outcome, output."""
+        from fastmace.provenance import planned_backend_reason
+
         settings = self.settings
         target = (
             f"positions and cell at {settings.pressure_GPa:g} GPa" if settings.cell
@@ -283,7 +270,7 @@ class Relaxation:
         lines = [
             "FastMACE relaxation report",
             f"model:     {self.model.summary()}",
-            f"backend:   {self.model.backend}: {self.backend_reason()}",
+            f"backend:   {self.model.backend}: {planned_backend_reason(self.model, self.plan)}",
             f"relax:     FIRE on the {target}, fmax {settings.fmax:g} eV/Å, at most "
             f"{self.max_steps} iterations, largest step {settings.max_step_A:g} Å",
             f"dispersion: {self._dispersion_summary()}",
@@ -328,6 +315,7 @@ class Relaxation:
             device_record,
             environment_record,
             model_record,
+            planned_backend_reason,
             software,
             structures_record,
         )
@@ -338,7 +326,7 @@ class Relaxation:
             "status": "finished",
             "software": software(),
             "device": device_record(self.model.device),
-            "model": model_record(self.model, self.backend_reason()),
+            "model": model_record(self.model, planned_backend_reason(self.model, self.plan)),
             "structures": structures_record(self.structures, self.charges, self.spins),
             "settings": {"fire": vars(self.settings), "max_steps": self.max_steps},
             "dispersion": self.dispersion.record() if self.dispersion is not None else None,

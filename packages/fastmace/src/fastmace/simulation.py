@@ -41,7 +41,7 @@ from fastmace.io import Progress, RunDirectory, RunOutput
 from fastmace.io.plot import can_plot
 from fastmace.io.progress import startup_line
 from fastmace.models.load import LoadedModel
-from fastmace.planner import EngineSettings, Plan
+from fastmace.planner import EngineSettings, Plan, engine_settings_for
 from fastmace.resuming import (
     ResumeError,
     check_resume,
@@ -85,7 +85,7 @@ class Simulation:
         started = time.perf_counter()
         self.called = started if called is None else called
         self.plan = plan  # when the run was planned (fm.md): its decisions are the engine's
-        self.engine_settings = _engine_settings(engine, plan)
+        self.engine_settings = engine_settings_for("Simulation", engine, plan, EngineSettings())
         # metadata.json's runner record (fastmace.runner.runner_record): in a child process?
         self.runner = runner or {"subprocess": False, "environment": []}
         self.gate = gate  # a fastmace.gate.GateResult, when the run was checked
@@ -604,19 +604,6 @@ def _state_from_restart(state: State, payload: dict[str, Any]) -> State:
             )
         fields[name] = torch.as_tensor(array, dtype=current.dtype, device=current.device)
     return replace(state, **fields)
-
-
-def _engine_settings(engine: EngineSettings | None, plan: Plan | None) -> EngineSettings:
-    """The one set of engine settings: the plan's, or those given (by hand, unplanned)."""
-    if plan is None:
-        return EngineSettings() if engine is None else engine
-    planned = plan.engine_settings()
-    if engine is not None and engine != planned:
-        raise ValueError(
-            "Simulation got engine settings twice, from the plan and as engine=, and they "
-            "differ: force a setting through the plan's EngineConfig instead"
-        )
-    return planned
 
 
 def compile_identity(model: LoadedModel, plan: Plan) -> CompileIdentity:

@@ -90,21 +90,15 @@ def _close_pairs(atoms: ase.Atoms, cutoff: float) -> tuple[np.ndarray, np.ndarra
     """Pairs of atoms closer than ``cutoff`` (indices and distances), in memory that grows with
     the atoms whatever the cell's size."""
     pbc = atoms.get_pbc()
+    if not pbc.all():
+        return neighbor_list("ijd", atoms, cutoff)
     cell = np.asarray(atoms.get_cell())
     positions = atoms.get_positions()
-    if pbc.any():
-        volume = abs(np.linalg.det(cell)) if pbc.all() else None
-        faces = [np.linalg.norm(np.cross(cell[(i + 1) % 3], cell[(i + 2) % 3])) for i in range(3)]
-        heights = np.array(
-            [volume / face if volume and face > 0 else np.ptp(positions[:, i]) for i, face in
-             enumerate(faces)]
-        )  # fmt: skip
-    else:
-        heights = np.ptp(positions, axis=0)
+    volume = abs(np.linalg.det(cell))
+    faces = np.linalg.norm(np.cross(np.roll(cell, -1, axis=0), np.roll(cell, -2, axis=0)), axis=1)
+    heights = volume / faces
     ase_bins = np.prod(np.maximum(1.0, np.floor(heights / max(cutoff, 3.0))))
-    if ase_bins <= MOST_ASE_BINS_PER_ATOM * len(atoms) + 1000 or not (
-        pbc.all() and heights.min() >= 2 * cutoff
-    ):
+    if ase_bins <= MOST_ASE_BINS_PER_ATOM * len(atoms) + 1000 or heights.min() < 2 * cutoff:
         return neighbor_list("ijd", atoms, cutoff)
     # Every periodic height is at least twice the cutoff, so a pair within it has fractional
     # differences below 1/2 and the rounded (minimum) image is that pair's only close image.

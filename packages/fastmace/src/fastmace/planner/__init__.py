@@ -25,6 +25,7 @@ from fastmace.planner.plan import (
     Fallback,
     Plan,
     PlanError,
+    engine_settings_for,
 )
 from fastmace.planner.workload import Workload
 
@@ -40,5 +41,6 @@ __all__ = [
     "Plan",
     "PlanError",
     "Workload",
+    "engine_settings_for",
     "make_plan",
 ]

@@ -359,6 +359,23 @@ class Plan:
         }
 
 
+def engine_settings_for(
+    owner: str, engine: EngineSettings | None, plan: Plan | None, default: EngineSettings
+) -> EngineSettings:
+    """The one set of engine settings of a run kind (``owner``: "Simulation", ...): the plan's
+    when it was planned, else ``engine`` given by hand, else ``default``; both given and
+    different is refused, so that a setting has one carrier."""
+    if plan is None:
+        return default if engine is None else engine
+    planned = plan.engine_settings()
+    if engine is not None and engine != planned:
+        raise ValueError(
+            f"{owner} got engine settings twice, from the plan and as engine=, and they "
+            "differ: force a setting through the plan's EngineConfig instead"
+        )
+    return planned
+
+
 def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
