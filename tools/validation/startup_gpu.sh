@@ -42,6 +42,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 39  # start-up, compiled default path
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 40  # Dynamo's precompile cache; uncompiled
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 41  # quiet runs and tables, lean import
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 42  # start-up, compiled ahead of time
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 43  # AOT: default path speed; gpu tests
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -546,6 +548,32 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     "$tests/test_radial_table.py" > "$OUT/gpu_tests_41.txt" 2>&1
   echo "quiet-run and tables gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_41.txt"))"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_41.txt" | head
+  ;;
+42)
+  # Issue 31: the compiled default path now compiles the whole evaluation ahead of time
+  # (dynamics/aot_potential.py): fastmace md at 13,824 atoms, cold (the package is built)
+  # then warm (loaded), with each child's slowest imports.
+  export FASTMACE_CACHE=/tmp/fastmace-cache-42 XDG_STATE_HOME=/tmp/fastmace-state-42
+  timeout 560 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 400 \
+    --importtime --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824 (compiled ahead of time): exit $?"
+  grep -E '"run"|to_first_step|"load_s"|setup_s|first_block' "$OUT/startup-13824.log"
+  grep -h "start-up\|^speed\|rror" "$OUT"/startup-13824/*.log | head -20
+  ;;
+43)
+  # The default path's speed with the package of stage 42 (same cache: loaded, not built),
+  # beside the plain cuEq step, in one process; then the GPU tests of the engine and tables.
+  export FASTMACE_CACHE=/tmp/fastmace-cache-42 XDG_STATE_HOME=/tmp/fastmace-state-42
+  only="mp0-medium/216/fastmace-default,mp0-medium/13824/fastmace-default"
+  only="$only,mp0-medium/13824/fastmace-cueq,mp0-medium/1728/fastmace-default"
+  timeout 330 python3 benchmarks/md_speed.py --out "$OUT/default" --budget-s 300 \
+    --case-timeout-s 150 --only "$only" > "$OUT/default.log" 2>&1
+  echo "default path: exit $?"
+  grep -E "\| (mp0|mh)" "$OUT/default/md_speed.md"
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_radial_table.py" \
+    "$tests/test_engine_gpu.py" > "$OUT/gpu_tests_43.txt" 2>&1
+  echo "tables and engine gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_43.txt"))"
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_43.txt" | head
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -34,6 +34,7 @@ from fastmace.runtime import environment
 from fastmace.runtime.driver import nvidia_driver_version
 
 if TYPE_CHECKING:
+    from fastmace.dynamics.potential import Potential
     from fastmace.models.load import LoadedModel
     from fastmace.planner import EngineSettings, Plan
     from fastmace.runs import MDResult, RunSettings
@@ -277,6 +278,9 @@ def engine_record(simulation: Simulation) -> dict[str, Any]:
         "capture": engine.capture,
         "compile": simulation.potential.compiled,
         "compile_failure": simulation.potential.compile_failure,
+        "compiled_potentials": [
+            dataclasses.asdict(report) for report in simulation.potential.aot_reports
+        ],
         "radial_table": (
             dataclasses.asdict(report) if (report := simulation.potential.table_report) else None
         ),
@@ -429,7 +433,7 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
     if engine.capture_failure:
         graphs += f" (capture failed: {engine.capture_failure})"
     if simulation.potential.compiled:
-        graphs += ", model compiled"
+        graphs += f", {compiled_text(simulation.potential)}"
     elif simulation.potential.compile_failure:
         graphs += f", model uncompiled (compilation failed: {simulation.potential.compile_failure})"
     if (table := simulation.potential.table_report) is not None:
@@ -500,3 +504,14 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
     lines.append(f"output:    {_output_summary(simulation, result)}")
     lines.append(f"licence:   the weights are under {model.licence}")
     return "\n".join(lines) + "\n"
+
+
+def compiled_text(potential: Potential) -> str:
+    """How the model runs, in a few words: uncompiled, compiled (torch.compile), or compiled
+    ahead of time and how that package was had (loaded from the cache root, or built)."""
+    if not potential.compiled:
+        return "uncompiled"
+    if not potential.aot_reports:
+        return "compiled"
+    how = ", ".join(f"{report.how} in {report.seconds:.1f} s" for report in potential.aot_reports)
+    return f"compiled ahead of time ({how})"

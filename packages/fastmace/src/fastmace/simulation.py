@@ -454,7 +454,9 @@ class Simulation:
     def _path_text(self) -> str:
         """Which path runs, in a few words: backend, dtype, device, compile, tables, graphs."""
         words = [f"{self.model.backend} {self.model.dtype} on {self.model.device}"]
-        words.append("compiled" if self.potential.compiled else "uncompiled")
+        from fastmace.provenance import compiled_text
+
+        words.append(compiled_text(self.potential))
         if self.potential.table_report is not None:
             words.append("radial tables")
         launch = "CUDA graphs" if self.engine.capture else "no CUDA graphs"

@@ -69,6 +69,7 @@ from fastmace.models.reference import check_structure
 from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS
 
 if TYPE_CHECKING:
+    from fastmace.dynamics.aot_potential import AotReport
     from fastmace.models.load import LoadedModel
 
 ENERGY_DTYPE = torch.float64  # energies are summed and forces returned in float64
@@ -207,6 +208,14 @@ class Potential(torch.nn.Module):
         # Plain functions, not submodules, made at the first call of each kind (mirrored
         # edges or not): the weights are registered once, under ``model``.
         self._compiled_calls: dict[bool, Callable[..., dict[str, torch.Tensor]]] = {}
+        # Models on cuEquivariance or OpenEquivariance kernels compile ahead of time, whole
+        # evaluations kept in the cache root (dynamics/aot_potential.py); e3nn models through
+        # torch.compile, which rebuilds them without TorchScript.
+        self.ahead_of_time = (
+            self.compiled and not self.long_range and (_has_accelerated_kernels(self.model))
+        )
+        self._aot_evaluations: dict[tuple[bool, bool, int], Callable[..., PotentialOutput]] = {}
+        self.aot_reports: list[AotReport] = []  # how each compiled potential was obtained
         self.r_max = float(model.r_max)
         dtype, device = model_dtype(model), model_device(model)
         self.register_buffer("head_index", torch.tensor(heads.index(self.head), device=device))
@@ -284,8 +293,11 @@ class Potential(torch.nn.Module):
             return self._evaluate(state, edges, compute_stress, charge, spin)
         started = time.perf_counter()
         try:
-            with _compile_settings():
-                output = self._evaluate(state, edges, compute_stress, charge, spin)
+            if self.ahead_of_time:
+                output = self._aot_call(state, edges, compute_stress)
+            else:
+                with _compile_settings():
+                    output = self._evaluate(state, edges, compute_stress, charge, spin)
             if self.first_compiled_call_s is None:
                 self.first_compiled_call_s = time.perf_counter() - started
             return output
@@ -314,6 +326,35 @@ class Potential(torch.nn.Module):
             self.table_failure = str(error)[:500]
             warnings.warn(f"{error}; the radial MLPs run as trained", RuntimeWarning, stacklevel=3)
 
+    def _aot_call(self, state: State, edges: Edges, compute_stress: bool) -> PotentialOutput:
+        """Through the package compiled ahead of time for these kinds of inputs, loaded or
+        built at the first call of each kind (outside any CUDA graph capture)."""
+        kind = (compute_stress, edges.mirrored, state.n_systems)
+        evaluation = self._aot_evaluations.get(kind)
+        if evaluation is None:
+            from fastmace.dynamics.aot_potential import AotBuildError, aot_evaluation
+
+            try:
+                evaluation, report = aot_evaluation(self, state, edges, compute_stress)
+            except AotBuildError as error:
+                raise ModelCompileError(
+                    f"{error}; run without EngineConfig(compile=True)"
+                ) from error
+            self._aot_evaluations[kind] = evaluation
+            self.aot_reports.append(report)
+        return evaluation(state, edges)
+
+    def evaluate_eagerly(
+        self,
+        state: State,
+        edges: Edges,
+        compute_stress: bool = False,
+        call: Callable[..., dict[str, torch.Tensor]] | None = None,
+    ) -> PotentialOutput:
+        """``forward`` of a local model without any compilation, or through ``call`` in place
+        of the model (what dynamics/aot_potential.py traces and checks against)."""
+        return self._evaluate(state, edges, compute_stress, None, None, call)
+
     def _evaluate(
         self,
         state: State,
@@ -321,9 +362,11 @@ class Potential(torch.nn.Module):
         compute_stress: bool,
         charge: PerSystem,
         spin: PerSystem,
+        call: Callable[..., dict[str, torch.Tensor]] | None = None,
     ) -> PotentialOutput:
-        """forward's work, through the compiled model when ``compiled``."""
-        with torch.enable_grad(), _compile_errors_named(self.compiled):
+        """forward's work, through ``call``, or else the model (compiled when ``compiled``)."""
+        compiling = self.compiled and not self.ahead_of_time and call is None
+        with torch.enable_grad(), _compile_errors_named(compiling):
             if self.long_range:
                 graph = self._long_range_graph(state, edges, compute_stress, charge, spin)
             else:
@@ -332,7 +375,8 @@ class Potential(torch.nn.Module):
                 default_dtype(self.node_attr_table.dtype),
                 _matmul_precision(self.matmul_precision),
             ):
-                call = self._model_call(edges.mirrored)
+                if call is None:
+                    call = self._model_call(edges.mirrored)
                 output = call(graph.data, training=False, compute_force=False)
             if self.long_range:
                 # The total per system: the node energies leave out the electrostatic and
@@ -370,7 +414,7 @@ class Potential(torch.nn.Module):
         """The model for these edges: radial weights once per pair when they are mirrored
         and the model allows it; through torch.compile when asked."""
         shared = mirrored and self.pair_model is not None
-        if not self.compiled:
+        if not self.compiled or self.ahead_of_time:
             return self.pair_model if shared else self.model
         if shared not in self._compiled_calls:
             self._compiled_calls[shared] = _compiled(self.model, share_pair_radials=shared)

@@ -42,11 +42,13 @@ class State:
 
     @property
     def n_atoms(self) -> int:
-        return int(self.positions.shape[0])
+        # The size itself, not int() of it: traced ahead of time (dynamics/aot_potential.py)
+        # it stays symbolic, so one compiled potential serves every number of atoms.
+        return self.positions.shape[0]
 
     @property
     def n_systems(self) -> int:
-        return int(self.cell.shape[0])
+        return self.cell.shape[0]
 
     @property
     def device(self) -> torch.device:
