@@ -360,7 +360,9 @@ def _load(data: bytes) -> Callable[..., object]:
 def _inductor_settings() -> Iterator[None]:
     from torch._inductor import config as inductor_config
 
-    settings = {}
+    # Small constants (a table's spacing, a head index) stay tensors: inlined as numbers,
+    # they reach custom operators' fallback kernels in a form Inductor cannot lower.
+    settings: dict[str, object] = {"always_keep_tensor_constants": True}
     if hasattr(inductor_config, "cpp_cache_precompile_headers"):
         settings["cpp_cache_precompile_headers"] = False  # see potential._compile_settings
     with inductor_config.patch(settings):
