@@ -553,12 +553,12 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   # Issue 31: the compiled default path now compiles the whole evaluation ahead of time
   # (dynamics/aot_potential.py): fastmace md at 13,824 atoms, cold (the package is built)
   # then warm (loaded), with each child's slowest imports.
-  FASTMACE_CACHE=/tmp/fastmace-cache-probe timeout 200 python3 tools/validation/aot_probe.py \
+  FASTMACE_CACHE=/tmp/fastmace-cache-probe timeout 170 python3 tools/validation/aot_probe.py \
     > "$OUT/aot_probe.log" 2>&1
   echo "probe at 216 atoms: exit $?"
   tail -30 "$OUT/aot_probe.log"
   export FASTMACE_CACHE=/tmp/fastmace-cache-42 XDG_STATE_HOME=/tmp/fastmace-state-42
-  timeout 400 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 400 \
+  timeout 390 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 300 \
     --importtime --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
   echo "start-up 13824 (compiled ahead of time): exit $?"
   grep -E '"run"|to_first_step|"load_s"|setup_s|first_block' "$OUT/startup-13824.log"
