@@ -7,6 +7,7 @@ Prints the report, the build's seconds and, on failure, the whole chain of error
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 import time
 import traceback
@@ -14,6 +15,7 @@ import traceback
 import ase.build
 import torch
 
+from fastmace.dynamics import aot_potential as aot
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
@@ -22,6 +24,7 @@ from fastmace.models.templates import template
 
 
 def main() -> int:
+    faulthandler.enable()
     side = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = convert(template("mp0-medium", dtype=torch.float32), "cueq", device)
@@ -33,6 +36,25 @@ def main() -> int:
     edges = neighbours.cutoff_edges(state, neighbours.build(state))
     started = time.perf_counter()
     try:
+        graph = aot.trace(potential, state, edges, False)
+        print(f"traced in {time.perf_counter() - started:.1f} s", flush=True)
+        exported = torch.export.export(
+            graph, tuple(aot._inputs(state, edges)),
+            dynamic_shapes=aot._dynamic_shapes(edges.mirrored), strict=False,
+        )  # fmt: skip
+        print(f"exported at {time.perf_counter() - started:.1f} s", flush=True)
+        with aot._inductor_settings(), aot._cuda_home_for(state.device):
+            path = torch._inductor.aoti_compile_and_package(exported, package_path="/tmp/p.pt2")
+        print(f"compiled at {time.perf_counter() - started:.1f} s", flush=True)
+        runner = torch._inductor.aoti_load_package(path, run_single_threaded=True)
+        print(f"loaded at {time.perf_counter() - started:.1f} s", flush=True)
+        outputs = runner(*aot._inputs(state, edges))
+        torch.cuda.synchronize()
+        print(f"called at {time.perf_counter() - started:.1f} s", flush=True)
+        expected = potential.evaluate_eagerly(state, edges)
+        difference = float((outputs[1] - expected.forces).abs().max())
+        print(f"forces differ by {difference:.3g} eV/Å", flush=True)
+        started = time.perf_counter()
         output = potential(state, edges, compute_stress=False)
     except Exception:
         traceback.print_exc()

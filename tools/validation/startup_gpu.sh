@@ -564,6 +564,13 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   grep -E '"run"|to_first_step|"load_s"|setup_s|first_block' "$OUT/startup-13824.log"
   grep -h "start-up\|^speed\|rror" "$OUT"/startup-13824/*.log | head -20
   ;;
+44)
+  # Stage 42's segfault: the probe alone, phase by phase, Python's stack on a crash.
+  FASTMACE_CACHE=/tmp/fastmace-cache-probe timeout 420 python3 -X faulthandler \
+    tools/validation/aot_probe.py > "$OUT/aot_probe.log" 2>&1
+  echo "probe at 216 atoms: exit $?"
+  grep -v Warning "$OUT/aot_probe.log" | tail -40
+  ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),
   # beside the plain cuEq step, in one process; then the GPU tests of the engine and tables.
