@@ -571,6 +571,22 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   echo "probe at 216 atoms: exit $?"
   grep -v Warning "$OUT/aot_probe.log" | tail -40
   ;;
+45)
+  # Stage 44's crash came in AOTInductor's loader: the same package loaded in a fresh process,
+  # one with its weights outside the library, and Inductor's Python wrapper (cold, then warm).
+  export FASTMACE_CACHE=/tmp/fastmace-cache-45 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-45
+  probe=tools/validation/aot_probe2.py
+  for run in inductor inductor; do
+    timeout 150 python3 "$probe" inductor 2>&1 | grep -v Warn | grep -E "at |differ|rror" | tail -5
+  done
+  timeout 150 python3 "$probe" aoti-build /tmp/a.pt2 separate-weights 2>&1 | grep -E "at |rror" | tail -4
+  timeout 60 python3 "$probe" aoti-load /tmp/a.pt2 2>&1 | grep -E "at |differ|rror|ault|line" | tail -8
+  if command -v gdb > /dev/null; then
+    timeout 90 gdb -batch -ex run -ex bt --args python3 "$probe" aoti-load /tmp/a.pt2 2>&1 | tail -25
+  else
+    echo "no gdb"
+  fi
+  ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),
   # beside the plain cuEq step, in one process; then the GPU tests of the engine and tables.
