@@ -22,7 +22,14 @@ EXAMPLE = Path(__file__).parents[3] / "examples" / "cu-fcc-32.extxyz"
 # Variables of ours (and of the tools we configure) that must not leak from the developer's
 # shell into a test's child process.
 _SCRUBBED_PREFIXES = ("FASTMACE_", "OEQ_", "TORCHINDUCTOR_", "TRITON_", "CUDA_CACHE_", "CUBLAS_")
-_SCRUBBED = {"XDG_CACHE_HOME", "PYTORCH_CUDA_ALLOC_CONF", "MAX_JOBS"}
+_SCRUBBED = {"XDG_CACHE_HOME", "XDG_STATE_HOME", "PYTORCH_CUDA_ALLOC_CONF", "MAX_JOBS"}
+
+
+@pytest.fixture(autouse=True)
+def _private_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """The digests of vouched cache entries (runtime/vouched.py) go to a directory of the
+    session's own, never to the developer's ~/.local/state."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.getbasetemp() / "state"))
 
 
 @pytest.fixture

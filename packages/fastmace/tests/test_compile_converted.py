@@ -40,7 +40,7 @@ def test_weight_sharing_copy_shares_storage_not_modules():
 
 @pytest.mark.parametrize("radial_table", [False, True], ids=["mlp", "radial-table"])
 def test_compiled_cueq_model_runs_the_same_dynamics(tmp_path, monkeypatch, radial_table):
-    """With radial tables too: their custom operator is one opaque call to Dynamo."""
+    """With radial tables too: their custom operator is one opaque call in the compiled graph."""
     monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
     for name in (environment.TORCHINDUCTOR_CACHE_DIR.name, environment.TRITON_CACHE_DIR.name,
                  *environment.COMPILE_CACHE_FLAGS):  # fmt: skip
@@ -63,6 +63,14 @@ def test_compiled_cueq_model_runs_the_same_dynamics(tmp_path, monkeypatch, radia
 
     eager, compiled = run(False), run(True)
     assert compiled.potential.compiled
+    # On the CPU the whole evaluation is compiled ahead of time: built and checked against the
+    # eager evaluation now, loaded from the cache root by the next run.
+    assert [report.how for report in compiled.potential.aot_reports] == ["built"]
+    again = run(True)
+    assert [report.how for report in again.potential.aot_reports] == ["loaded"]
+    np.testing.assert_array_equal(
+        again.result.structures[0].positions, compiled.result.structures[0].positions
+    )
     assert (compiled.potential.table_report is not None) == radial_table
     np.testing.assert_allclose(
         compiled.result.structures[0].positions, eager.result.structures[0].positions, atol=1e-10

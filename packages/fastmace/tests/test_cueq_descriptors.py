@@ -76,6 +76,35 @@ def test_a_damaged_entry_is_built_again_and_replaced(monkeypatch, tmp_path):
     assert len(built) == 2
 
 
+def test_an_entry_this_user_did_not_write_is_not_unpickled(monkeypatch, tmp_path):
+    """A pickle planted in a shared cache root (or a kept one changed since) runs no code:
+    it is ignored and built again (issue 33)."""
+    monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
+    irreps_in, irreps_out = cue.Irreps("O3", "2x0e+2x1o"), cue.Irreps("O3", "2x0e")
+    builder = cueq_descriptors.BUILDERS[0]
+    version = cueq_descriptors._version(builder.package)
+    path = cueq_descriptors.entry_path(builder, version, irreps_in, irreps_out, (1, 2))
+    module = cueq_descriptors._module(builder.module)
+    with descriptors_cached_on_disk():
+        module._symmetric_contraction_cached(irreps_in, irreps_out, (1, 2))
+    assert cueq_descriptors._read(path) is not None  # written and vouched for here
+    planted = tmp_path / "planted"
+    # Unpickling this would create the file: the sign that code ran.
+    path.write_bytes(_pickle_that_calls(planted.touch))
+    assert cueq_descriptors._read(path) is None
+    assert not planted.exists()
+
+
+def _pickle_that_calls(function) -> bytes:
+    import pickle
+
+    class Planted:
+        def __reduce__(self):
+            return (function, ())
+
+    return pickle.dumps(Planted())
+
+
 def test_the_libraries_are_given_back_and_unchecked_versions_are_left_alone(monkeypatch):
     for index, builder in enumerate(cueq_descriptors.BUILDERS):
         module = cueq_descriptors._module(builder.module)

@@ -208,11 +208,15 @@ class Potential(torch.nn.Module):
         # Plain functions, not submodules, made at the first call of each kind (mirrored
         # edges or not): the weights are registered once, under ``model``.
         self._compiled_calls: dict[bool, Callable[..., dict[str, torch.Tensor]]] = {}
-        # Models on cuEquivariance or OpenEquivariance kernels compile ahead of time, whole
-        # evaluations kept in the cache root (dynamics/aot_potential.py); e3nn models through
-        # torch.compile, which rebuilds them without TorchScript.
+        # Models on cuEquivariance or OpenEquivariance kernels compile ahead of time on the
+        # CPU: whole evaluations kept in the cache root (dynamics/aot_potential.py). Not yet on
+        # CUDA: torch 2.11's AOTInductor loader crashed on the package there (H200, measured
+        # in docs/validation/performance.md); torch.compile serves CUDA, and e3nn models.
         self.ahead_of_time = (
-            self.compiled and not self.long_range and (_has_accelerated_kernels(self.model))
+            self.compiled
+            and not self.long_range
+            and model_device(model).type == "cpu"
+            and _has_accelerated_kernels(self.model)
         )
         self._aot_evaluations: dict[tuple[bool, bool, int], Callable[..., PotentialOutput]] = {}
         self.aot_reports: list[AotReport] = []  # how each compiled potential was obtained

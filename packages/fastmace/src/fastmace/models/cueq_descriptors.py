@@ -14,8 +14,9 @@ Within :func:`descriptors_cached_on_disk` these functions answer from
 ``<cache>/compile/cueq/``, and fill it on a miss. The patch is on the library's module for the
 block only, and only for library versions it was checked with; anything unexpected (no such
 function, an unreadable or damaged entry) falls back to the library's own computation.
-The entries hold the library's own objects, so they are read with pickle: like Inductor's
-and Triton's caches, the cache directory is trusted as the user's own.
+The entries hold the library's own objects, so they are read with pickle, and only when
+their bytes are the ones this user recorded on writing them (runtime/vouched.py): an entry
+planted in a shared cache root by someone else is ignored and built again.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fastmace.io.atomic import atomic_write
+from fastmace.runtime import vouched
 from fastmace.runtime.cache import cache_dir
 
 
@@ -118,15 +120,21 @@ def _answered_from_disk(
         built = original(irreps_in, irreps_out, degrees)
         with contextlib.suppress(OSError, pickle.PicklingError):  # a cache that cannot be
             atomic_write(path, lambda stream: pickle.dump(built, stream))  # written costs time
+            vouched.vouch(path)  # read back only by this user (runtime/vouched.py)
         return built
 
     return descriptor
 
 
 def _read(path: Path) -> Any | None:
-    """The kept (polynomial, projection) pair, or None when absent or not readable as one."""
+    """The kept (polynomial, projection) pair, or None when absent, not readable as one, or
+    not written by this user: a pickle runs code, so only bytes this user vouched for are read
+    (a shared cache root's entries from others are built again here)."""
+    data = vouched.read_vouched(path)
+    if data is None:
+        return None
     try:
-        kept = pickle.loads(path.read_bytes())
+        kept = pickle.loads(data)
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError):
         return None
     return kept if isinstance(kept, tuple) and len(kept) == 2 else None

@@ -1,0 +1,56 @@
+"""The potential compiled ahead of time (dynamics/aot_potential.py): what its cache key
+depends on. Building, loading and the check against the eager evaluation run in
+test_compile_converted.py (cuEquivariance on the CPU compiles ahead of time)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastmace.dynamics.aot_potential import artefact_identity, artefact_key
+from fastmace.dynamics.potential import Potential
+from fastmace.models.load import load
+
+pytest.importorskip("cuequivariance_torch")
+
+
+def _key(potential: Potential, **changes: object) -> str:
+    settings = {"compute_stress": False, "mirrored": True, "n_systems": 1, **changes}
+    return artefact_key(artefact_identity(potential, **settings))
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return load("demo-emt-cu", backend="cueq", dtype="float32").module
+
+
+def test_the_same_potential_has_the_same_key(model):
+    assert _key(Potential(model, [29])) == _key(Potential(model, [29]))
+
+
+def test_the_key_changes_with_weights_tables_and_the_kind_of_evaluation(model):
+    base = Potential(model, [29])
+    other = load("demo-emt-cu", backend="cueq", dtype="float32").module
+    with torch.no_grad():  # one weight, barely: another model (the potential shares weights)
+        next(other.parameters()).add_(1e-6)
+    changed = Potential(other, [29])
+    keys = {
+        _key(base),
+        _key(changed),
+        _key(Potential(model, [29], radial_table=True)),
+        _key(base, compute_stress=True),
+        _key(base, mirrored=False),
+        _key(base, n_systems=2),
+    }
+    assert len(keys) == 6
+
+
+def test_the_key_covers_torch_the_device_and_the_libraries(model):
+    identity = artefact_identity(Potential(model, [29]), compute_stress=False, mirrored=True,
+                                 n_systems=1)  # fmt: skip
+    assert identity["torch"] == torch.__version__
+    assert identity["device"].startswith("cpu:")
+    assert "mace-torch" in identity["libraries"]
+    assert len(identity["fastmace_code"]) == 64
+    other_torch = {**identity, "torch": "0.0.0"}
+    assert artefact_key(other_torch) != artefact_key(identity)
