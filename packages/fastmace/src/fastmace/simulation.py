@@ -30,7 +30,7 @@ from fastmace.dynamics.exchange_group import ExchangeGroup
 from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import maxwell_boltzmann_velocities, random_streams
 from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
-from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.dynamics.neighbours import DEFAULT_CELL_MARGIN, NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
 from fastmace.dynamics.polar import charge_tensors
 from fastmace.dynamics.potential import Potential
@@ -276,14 +276,19 @@ class Simulation:
             )  # fmt: skip
             return neighbours, neighbours.build(state)
         saved = restart.payload["neighbours"]
+        kept = saved.get("list")  # restarts written before 2026-12-03 have no such entry
         neighbours = NeighbourList(
             state,
             self.potential.r_max,
             engine.skin_A,
             int(saved["capacity"]),
+            cutoff_capacity=int(kept["cutoff_capacity"]) if kept else None,
             bin_capacity=int(saved["bin_capacity"]),
             headroom=engine.headroom,
+            cell_margin=float(kept["cell_margin"]) if kept else DEFAULT_CELL_MARGIN,
         )
+        if kept:
+            neighbours.restore(kept)
         # Rebuilding from the reference positions gives exactly the interrupted run's edges.
         device = state.device
         reference = replace(
@@ -309,6 +314,7 @@ class Simulation:
                 "capacity": neighbours.capacity,
                 "bin_capacity": neighbours.bin_capacity,
                 "search_every": self.engine.force_field.search_every,
+                "list": neighbours.saved(),
             },
             "ensemble": self.settings.ensemble.describe(),
             "timestep_fs": self.settings.timestep_fs,

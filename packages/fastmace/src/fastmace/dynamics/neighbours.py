@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -241,6 +242,45 @@ class NeighbourList:
                 overflow=edges.overflow,
                 mirrored=True,
             )
+
+    def saved(self) -> dict[str, Any]:
+        """What a restart keeps so that a resumed run has this very list (:meth:`restored`):
+        the grid, every capacity and the peaks seen. Built again from the reference positions
+        with these, the edges fill the same slots of buffers of the same sizes, so every sum
+        over them (forces, and the virial over all edges) rounds as in the unbroken run."""
+        grid = {
+            name: (value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
+            for name, value in vars(self.grid).items()
+        }
+        return {
+            "grid": grid,
+            "capacity": self.capacity,
+            "cutoff_capacity": self.cutoff_capacity,
+            "bin_capacity": self.bin_capacity,
+            "cell_margin": self.cell_margin,
+            "peaks": {
+                "count": int(self._peak_count),
+                "cutoff_count": int(self._peak_cutoff_count),
+                "occupancy": int(self._peak_occupancy),
+                "stencil_broken": bool(self._stencil_broken),
+            },
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Take the grid and peaks of :meth:`saved` (after the capacities were given to the
+        constructor): the next build fills the buffers as the saved list did."""
+        device = self._peak_count.device
+        self.grid = _Grid(**{
+            name: (torch.as_tensor(value, device=device) if isinstance(value, np.ndarray)
+                   else value)
+            for name, value in saved["grid"].items()
+        })  # fmt: skip
+        self.method = self.grid.method
+        peaks = saved["peaks"]
+        self._peak_count.fill_(int(peaks["count"]))
+        self._peak_cutoff_count.fill_(int(peaks["cutoff_count"]))
+        self._peak_occupancy.fill_(int(peaks["occupancy"]))
+        self._stencil_broken.fill_(bool(peaks["stencil_broken"]))
 
     def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions and cells of the last rebuild, from which the skin is measured.
