@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import ase.build
+import ase.io
 import pytest
 import torch
 
@@ -60,3 +61,39 @@ def test_fm_md_with_the_gate_records_it(cache, tmp_path):
     # The run was planned: decisions with reasons are in the metadata and the report.
     assert document["plan"]["decisions"] and "Plan:" in result.report
     assert (tmp_path / "run" / "report.txt").read_text() == result.report
+
+
+def test_the_reference_process_refuses_a_file_swapped_after_the_parents_load(tmp_path):
+    """Issue 33: with --trusted, the parent loaded the bytes it read; the child is held to their
+    SHA-256 and refuses the file swapped since, before unpickling it (which would run code)."""
+    import hashlib
+    import pickle
+    import shutil
+
+    from fastmace.gate import child
+    from fastmace.models.files import find_label_file
+    from fastmace.models.label_table import find_checkpoint
+
+    original = find_label_file(find_checkpoint("demo-emt-cu"))[1]
+    path = tmp_path / "model.model"
+    shutil.copyfile(original, path)
+    loaded = load(str(path), trusted=True)  # the parent's load, as --trusted does
+    assert loaded.origin["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    marker = tmp_path / "code-ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (marker.touch, ())
+
+    path.write_bytes(pickle.dumps(Planted()))  # swapped between the parent's load and the gate
+    structure = tmp_path / "structure.traj"
+    ase.io.write(structure, ase.build.bulk("Cu", "fcc", a=3.61), format="traj")
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({
+        "model": loaded.origin, "structure": str(structure), "device": "cpu",
+        "output": str(tmp_path / "reference.npz"),
+    }))  # fmt: skip
+    with pytest.raises(SystemExit, match=r"refused the model file.*SHA-256"):
+        child.main(str(request))
+    assert not marker.exists()
+    assert not (tmp_path / "reference.npz").exists()
