@@ -99,6 +99,17 @@ def test_wrong_files_give_clear_errors(tmp_path):
         load_restart(tmp_path / "new.npz")
 
 
+def test_a_truncated_restart_says_it_is_damaged_and_what_to_do(tmp_path):
+    """Cut short by a full disk: a bad zip to NumPy, reported as a damaged restart (issue 33),
+    not as "File is not a zip file"."""
+    save_restart(tmp_path / "r.npz", 40, {"positions": np.arange(3000.0)})
+    data = (tmp_path / "r.npz").read_bytes()
+    for length in (len(data) // 2, 100, 10):
+        (tmp_path / "cut.npz").write_bytes(data[:length])
+        with pytest.raises(RestartFormatError, match=r"damaged .* cannot resume from it"):
+            load_restart(tmp_path / "cut.npz")
+
+
 def test_failure_while_writing_keeps_the_previous_restart(tmp_path, monkeypatch):
     path = tmp_path / "restart.npz"
     save_restart(path, 10, {"x": np.arange(3)})

@@ -132,6 +132,21 @@ def test_resume_without_a_restart_says_so(tmp_path):
         RunDirectory.resume(tmp_path / "run")
 
 
+def test_a_finished_run_whose_restart_was_deleted_is_not_advised_away(demo, tmp_path):
+    """Issue 33: the advice for a run that never started (remove the directory) would delete
+    a finished run's output; a run that wrote past step 0 is told to keep it."""
+    from conftest import copper, settings
+
+    from fastmace.simulation import Simulation
+
+    Simulation(demo, [copper()], settings(10), tmp_path / "run").run()
+    (tmp_path / "run" / "restart.npz").unlink()
+    with pytest.raises(RunDirectoryError, match=r"restart\.npz is missing") as raised:
+        RunDirectory.resume(tmp_path / "run")
+    assert "remove the directory" not in str(raised.value)
+    assert "Keep this directory" in str(raised.value)
+
+
 def test_resume_removes_temporaries_of_a_killed_writer(tmp_path):
     output = RunDirectory.create(tmp_path / "run", n_atoms=2, n_systems=1)
     output.write_restart(0, {"x": np.zeros(2)})

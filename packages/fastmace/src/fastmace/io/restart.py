@@ -22,6 +22,7 @@ arrays come back bit for bit. Object arrays are refused when saving for that rea
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,10 +89,13 @@ def _read(path: Path, payload: bool) -> Restart:
         raise
     except FileNotFoundError:
         raise
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as error:
+        # A truncated file (a full disk, a copy cut short) is a bad zip to NumPy.
         raise RestartFormatError(
-            f"{path} is not a readable FastMACE restart file ({error}); "
-            "it may be damaged or written by another program"
+            f"{path} is not a readable FastMACE restart file ({error or type(error).__name__}): "
+            "it is damaged (cut short by a full disk or an interrupted copy?) or was written by "
+            "another program. A run cannot resume from it: start the run again in a new "
+            "directory; what this one holds stays as it is"
         ) from error
     return Restart(step=int(manifest["step"]), payload=tree)
 

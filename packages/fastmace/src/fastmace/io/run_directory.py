@@ -190,13 +190,32 @@ class RunDirectory:
         try:
             remove_temporaries(directory.path)  # left by a process killed mid-write
             if not directory.restart_path.is_file():
-                raise RunDirectoryError(f"cannot resume {directory.path}: {_UNSTARTED}")
+                raise RunDirectoryError(
+                    f"cannot resume {directory.path}: {directory._missing_restart()}"
+                )
             restart = load_restart(directory.restart_path)
             directory._truncate_after(settings["trajectory_format"], restart.step)
         except BaseException:
             lock.release()
             raise
         return RunOutput(directory, settings, restart=restart, lock=lock)
+
+    def _missing_restart(self) -> str:
+        """Why there is no restart, and what to do, without advice that loses output."""
+        # A run killed while starting may have written step 0's frame and row, not more; one
+        # that wrote a report or thermo rows past step 0 had a restart, now gone.
+        rows = 0
+        if self.thermo_path.is_file():
+            with open(self.thermo_path, encoding="utf-8", errors="replace") as stream:
+                rows = sum(1 for _ in stream) - 1
+        if not self.report_path.is_file() and rows <= 1:
+            return _UNSTARTED
+        return (
+            "its restart.npz is missing (deleted, or lost), though the run wrote output past "
+            "step 0: there is nothing to continue from. Keep this directory as it is (its "
+            "output stays valid up to where it ends) and run the rest as a new run in another "
+            "directory, starting from its last frame"
+        )
 
     def _lock(self) -> RunLock:
         """This process's hold on the directory (RunDirectoryInUseError if another has it)."""
