@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import ase
 import numpy as np
@@ -145,6 +146,25 @@ def test_a_finished_run_whose_restart_was_deleted_is_not_advised_away(demo, tmp_
         RunDirectory.resume(tmp_path / "run")
     assert "remove the directory" not in str(raised.value)
     assert "Keep this directory" in str(raised.value)
+
+
+@pytest.mark.parametrize("cut", ["thermo.csv", "trajectory.extxyz"])
+def test_output_cut_by_hand_before_the_restart_is_refused(demo, tmp_path, cut):
+    """Issue 33: a thermo log or trajectory cut back past the restart's step would resume with
+    a silent gap of steps; the resume says what is missing and changes nothing."""
+    from conftest import copper, settings
+
+    from fastmace.simulation import Simulation
+
+    Simulation(demo, [copper()], settings(10), tmp_path / "run").run()  # rows, frames every 5
+    path = tmp_path / "run" / cut
+    lines = path.read_text().splitlines(keepends=True)
+    keep = 2 if cut == "thermo.csv" else 2 * (8 + 2)  # header and step 0; frames 0 and 5
+    path.write_text("".join(lines[:keep]))
+    before = path.read_bytes()
+    with pytest.raises(RunDirectoryError, match=rf"{re.escape(cut)} holds .* gap of steps"):
+        RunDirectory.resume(tmp_path / "run")
+    assert path.read_bytes() == before
 
 
 def test_resume_removes_temporaries_of_a_killed_writer(tmp_path):

@@ -194,7 +194,8 @@ class RunDirectory:
                     f"cannot resume {directory.path}: {directory._missing_restart()}"
                 )
             restart = load_restart(directory.restart_path)
-            directory._truncate_after(settings["trajectory_format"], restart.step)
+            kept = directory._truncate_after(settings["trajectory_format"], restart.step)
+            directory._check_no_gap(settings, restart.step, kept)
         except BaseException:
             lock.release()
             raise
@@ -232,8 +233,38 @@ class RunDirectory:
             "choose a directory you can write to, or change its permissions"
         )
 
-    def _truncate_after(self, trajectory_format: str, step: int) -> None:
-        """Drop output written after ``step``: the resumed run writes it again."""
+    def _check_no_gap(self, settings: Mapping[str, Any], step: int, kept: dict[Path, int]) -> None:
+        """Refuse to resume when the thermo log or the trajectory lacks output the run wrote
+        before its restart (a file cut by hand, or restored from an older copy): the resumed
+        run would continue after a silent gap of steps."""
+        schedule = OutputSchedule.from_dict(settings["schedule"])
+        n_systems = int(settings["n_systems"])
+        # (interval, entries per output step): thermo.csv and extxyz hold one per system;
+        # h5md's count is one system's frames.
+        intervals = {self.thermo_path: (schedule.thermo_every, n_systems)}
+        trajectory_format = settings["trajectory_format"]
+        if trajectory_format != "none":
+            per_step = n_systems if trajectory_format == "extxyz" else 1
+            intervals[self.trajectory_path(trajectory_format)] = (
+                schedule.trajectory_every,
+                per_step,
+            )
+        for path, (every, per_step) in intervals.items():
+            if every <= 0 or path not in kept:
+                continue
+            expected = per_step * (step // every + 1)  # step 0 and every multiple to the restart
+            if kept[path] < expected:
+                raise RunDirectoryError(
+                    f"cannot resume {self.path}: {path.name} holds {kept[path]} entries up to "
+                    f"step {step}, where the run wrote {expected} (every {every} steps from step "
+                    "0, per system): it was cut or replaced since. Resuming would leave a gap of "
+                    "steps. Put the complete file back, or start the run again in a new directory"
+                )
+
+    def _truncate_after(self, trajectory_format: str, step: int) -> dict[Path, int]:
+        """Drop output written after ``step``: the resumed run writes it again. Returns how
+        many rows or frames each file kept."""
+        kept: dict[Path, int] = {}
         files = (
             []
             if trajectory_format == "none"
@@ -244,15 +275,16 @@ class RunDirectory:
                 continue
             try:
                 if path == self.thermo_path:
-                    truncate_thermo(path, step)
+                    kept[path] = truncate_thermo(path, step)
                 else:
-                    trajectory.truncate_trajectory(trajectory_format, path, step)
+                    kept[path] = trajectory.truncate_trajectory(trajectory_format, path, step)
             except (OSError, ValueError) as error:
                 raise RunDirectoryError(
                     f"cannot resume {self.path}: {path.name} cannot be read ({error}); it was "
                     "probably damaged outside FastMACE. Start the run again in a new directory "
                     "or repair the file"
                 ) from error
+        return kept
 
     def check_can_create(self) -> None:
         """Raise what :meth:`create` would about the place, creating nothing: a file in the
@@ -285,7 +317,7 @@ class RunDirectory:
         if owner is not None:
             raise RunDirectoryInUseError(self.path, owner)
         if not self.restart_path.is_file():
-            raise RunDirectoryError(f"cannot resume {self.path}: {_UNSTARTED}")
+            raise RunDirectoryError(f"cannot resume {self.path}: {self._missing_restart()}")
 
     def _claim_empty(self) -> None:
         self.check_can_create()
