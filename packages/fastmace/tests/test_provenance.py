@@ -104,3 +104,25 @@ def test_backend_reason_is_one_in_metadata_report_and_plan(tmp_path):
     direct = json.loads((tmp_path / "direct" / "metadata.json").read_text())["model"]
     assert direct["backend_reason"] == loaded.backend_reason
     assert f"backend:   {loaded.backend}: {loaded.backend_reason}\n" in report
+
+
+def test_a_crystal_that_ends_cool_is_told_why_and_what_to_do(demo, tmp_path):
+    """Issue 33's newcomer: a perfect crystal started at the target temperature ends near half
+    of it in a short run; the report says why and how to start (no such note when on target)."""
+    import ase.build
+
+    from fastmace.provenance import cool_start_note
+
+    crystal = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))  # at its minimum
+    gentle = ensemble("nvt", temperature_K=300.0, friction_per_ps=0.1)
+    run = RunSettings(ensemble=gentle, steps=100, timestep_fs=2.0, seed=3,
+                      schedule=OutputSchedule(0, 50, 0))  # fmt: skip
+    simulation = Simulation(demo, [crystal], run, tmp_path / "run")
+    result = simulation.run()
+    final = result.thermo[0]["temperature_K"]
+    assert final < 0.8 * 300.0  # what the newcomer saw
+    report = (tmp_path / "run" / "report.txt").read_text()
+    assert "note:" in report and "--initial-temperature 600" in report
+    assert cool_start_note(run, [{"temperature_K": 290.0}]) is None
+    ladder = RunSettings(ensemble=ensemble("nvt", temperature_K=[300.0, 400.0]), steps=1)
+    assert cool_start_note(ladder, [{"temperature_K": 10.0}] * 2) is None

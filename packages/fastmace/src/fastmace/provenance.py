@@ -501,6 +501,9 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         lines.append(
             f"           ... {len(result.thermo) - MAX_SYSTEMS_REPORTED} more systems in thermo.csv"
         )
+    note = cool_start_note(simulation.settings, result.thermo)
+    if note is not None:
+        lines.append(f"note:      {note}")
     lines.append(f"output:    {_output_summary(simulation, result)}")
     lines.append(f"licence:   the weights are under {model.licence}")
     return "\n".join(lines) + "\n"
@@ -515,3 +518,32 @@ def compiled_text(potential: Potential) -> str:
         return "compiled"
     how = ", ".join(f"{report.how} in {report.seconds:.1f} s" for report in potential.aot_reports)
     return f"compiled ahead of time ({how})"
+
+
+# Below this fraction of the target at the end of a run, the report says why and what to do.
+COOL_FRACTION = 0.8
+
+
+def cool_start_note(settings: RunSettings, final_rows: Sequence[dict[str, Any]]) -> str | None:
+    """Why a thermostatted run ended well below its target temperature, and what to do; None
+    when it did not (or has no single target: a schedule, a ladder, no thermostat).
+
+    Velocities drawn at T into a crystal at its energy minimum share their energy with the
+    lattice: about half becomes potential energy, so the temperature drops to about T/2 within
+    a few vibrations, and a gentle thermostat takes picoseconds to bring it back.
+    """
+    target = settings.ensemble.settings.get("temperature_K")
+    if settings.temperature_schedule is not None or not isinstance(target, int | float):
+        return None
+    temperatures = [row.get("temperature_K") for row in final_rows]
+    if not temperatures or any(t is None or t >= COOL_FRACTION * target for t in temperatures):
+        return None
+    started = settings.initial_temperature_K or target
+    lowest = min(temperatures)
+    return (
+        f"the run ended at {lowest:.0f} K, below the {target:g} K asked: the velocities drawn at "
+        f"{started:g} K shared their energy with the lattice (a structure at its energy minimum "
+        "takes about half of it as potential energy), and the thermostat restores the "
+        "temperature only over picoseconds. Start at about twice the target "
+        f"(--initial-temperature {2 * target:g}, as the demo does), or run longer"
+    )
