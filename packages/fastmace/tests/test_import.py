@@ -115,3 +115,15 @@ def test_cuda_cache_left_alone_off_nfs(clean_env):
     assert info["cuda_cache"] == "left alone"
     assert info["cuda_cache_path"] == clean_env["HOME"] + "/.nv/ComputeCache"
     assert info["cuda_cache_on_nfs"] is False
+
+
+def test_fm_md_shows_users_only_their_parameters_and_plain_defaults():
+    """Issue 33: the API reference showed internal parameters and a constant's name."""
+    import inspect
+
+    import fastmace as fm
+    from fastmace.vocabulary import DEFAULT_ENSEMBLE
+
+    parameters = inspect.signature(fm.md).parameters
+    assert not [name for name in parameters if name.startswith("_")]
+    assert parameters["ensemble"].default == DEFAULT_ENSEMBLE

@@ -10,12 +10,12 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from fastmace import child_run
 from fastmace.charges import PerSystemValue
 from fastmace.protocol import PressureSchedule, TemperatureSchedule
 from fastmace.runtime import environment
 from fastmace.structures import Structure
 from fastmace.vocabulary import (
-    DEFAULT_ENSEMBLE,
     DEFAULT_TIMESTEP_FS,
     ENSEMBLE_SETTINGS,
     GPA_PER_BAR,
@@ -207,7 +207,7 @@ def md(
     *,
     model: str | os.PathLike[str] = "demo-emt-cu",
     head: str | None = None,
-    ensemble: str = DEFAULT_ENSEMBLE,
+    ensemble: str = "nvt",
     steps: int = 1000,
     timestep_fs: float | None = None,
     output: str | os.PathLike[str] | None = None,
@@ -247,8 +247,6 @@ def md(
     runner: RunnerConfig | None = None,
     temperature_schedule: Any = None,
     pressure_schedule: Any = None,
-    _in_child_process: bool = False,
-    _exchange_group: dict[str, Any] | None = None,
     **ensemble_settings: Any,
 ) -> MDResult:
     """Run MD of ``structure`` with ``model`` and return the result (summary, final structures).
@@ -341,13 +339,13 @@ def md(
     ``runner`` (an ``fm.RunnerConfig``) with ``subprocess=True`` runs all this in a child
     process (:mod:`fastmace.runner`): the structures are read here, the result comes back the
     same. Its ``environment`` goes to every child process of the run (also the gate's).
-    ``_in_child_process`` is internal: the runner's child sets it, for ``metadata.json``;
-    so is ``_exchange_group``, a spread ladder's part (fastmace.spread sets it for its child).
     """
     # The keyword arguments as given (taken before any other local exists): what a child gets.
     arguments = dict(locals())
-    for name in ("structure", "progress", "runner", "_in_child_process", "ensemble_settings"):
+    for name in ("structure", "progress", "runner", "ensemble_settings"):
         del arguments[name]
+    child = child_run.current()  # the runner's or a spread ladder's child (fastmace.child_run)
+    in_child_process = child is not None
     called = time.perf_counter()  # the start of the run's start-up timings
     arguments.update(ensemble_settings)
     for name, given in (("temperature_schedule", temperature_schedule),
@@ -380,13 +378,13 @@ def md(
     _refuse_charge_for_local(model, _named_model_type(model), charge, spin)
     # Everything that can be checked before a model is loaded or a directory created.
     request = check_request(structure, arguments, runner.environment)
-    if gpus is not None and not _in_child_process:
+    if gpus is not None and not in_child_process:
         slots = _gpu_slots(gpus, device, runner)
         if len(slots) > 1:
             from fastmace.spread import run_spread
 
             return run_spread(arguments, request.structures, slots, runner, progress or sys.stderr)
-    if runner.subprocess and not _in_child_process:
+    if runner.subprocess and not in_child_process:
         return run_in_subprocess(arguments, request.units, runner, progress)
     from fastmace.dynamics.ensembles import ensemble as make_ensemble
     from fastmace.io import OutputSchedule
@@ -496,11 +494,12 @@ def md(
         if len(parts) == 1:
             from fastmace.dynamics.exchange_group import ExchangeGroup
 
-            group = None if _exchange_group is None else ExchangeGroup.from_dict(_exchange_group)
+            saved = child.exchange_group if child is not None else None
+            group = None if saved is None else ExchangeGroup.from_dict(saved)
             simulation = Simulation(
                 loaded, structures, settings, output, resume=resume, progress=progress,
                 gate=gate, fallbacks=fallbacks, plan=plan, phases=phases, called=called,
-                runner=runner_record(runner, in_child=_in_child_process), exchange_group=group,
+                runner=runner_record(runner, in_child=in_child_process), exchange_group=group,
             )  # fmt: skip
             return simulation.run()
         from fastmace.batching import (
@@ -524,7 +523,7 @@ def md(
                 batch_settings(settings, part, len(structures)), where, resume=again,
                 progress=progress, gate=gate, fallbacks=fallbacks, plan=plan,
                 phases=phases if number == 1 else {}, called=called,
-                runner=runner_record(runner, in_child=_in_child_process),
+                runner=runner_record(runner, in_child=in_child_process),
             )  # fmt: skip
             results.append(simulation.run())
             del simulation  # its graphs' memory pools, before the next batch is set up

@@ -16,6 +16,7 @@ from pathlib import Path
 import ase.io
 
 from fastmace.api import md
+from fastmace.child_run import as_child
 from fastmace.planner import EngineConfig
 from fastmace.runner import ERROR, FINAL, RESULT, STRUCTURES, RunnerConfig, plain
 from fastmace.runs import MDResult
@@ -42,7 +43,10 @@ def main(request_path: str) -> None:
         # The values came with this process's environment; the gate's child gets them again.
         environment = {name: os.environ[name] for name in request["environment"]}
         runner = RunnerConfig(environment=environment)
-        result = md(structures, **arguments, runner=runner, _in_child_process=True)
+        # A spread ladder's part comes in the request (fastmace.spread), not as an argument.
+        group = arguments.pop("_exchange_group", None)
+        with as_child(exchange_group=group):
+            result = md(structures, **arguments, runner=runner)
         _write_result(result, handoff)
     except BaseException as error:
         document = {"type": type(error).__name__, "message": str(error)}
