@@ -71,8 +71,10 @@ def test_compiled_cueq_model_runs_the_same_dynamics(tmp_path, monkeypatch, radia
     loaded = again.potential.aot_reports
     assert [report.how for report in loaded] == ["loaded"] * len(built)
     assert [report.key for report in loaded] == [report.key for report in built]
-    np.testing.assert_array_equal(
-        again.result.structures[0].positions, compiled.result.structures[0].positions
+    # The same package: the same dynamics, to the last bits of float64 positions (the process
+    # that built it had also compiled and run the eager check; here it only loads).
+    np.testing.assert_allclose(
+        again.result.structures[0].positions, compiled.result.structures[0].positions, atol=1e-12
     )
     assert (compiled.potential.table_report is not None) == radial_table
     np.testing.assert_allclose(
