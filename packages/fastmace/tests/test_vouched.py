@@ -19,7 +19,7 @@ def state(tmp_path, monkeypatch):
 def test_an_entry_written_and_vouched_for_reads_back(tmp_path, state):
     entry = tmp_path / "entry.bin"
     entry.write_bytes(b"compiled code")
-    assert vouched.vouch(entry)
+    assert vouched.vouch(entry, b"compiled code")
     assert vouched.read_vouched(entry) == b"compiled code"
     assert vouched.is_vouched(entry)
     assert state.stat().st_mode & 0o777 == 0o700
@@ -28,7 +28,7 @@ def test_an_entry_written_and_vouched_for_reads_back(tmp_path, state):
 def test_changed_planted_or_moved_entries_are_not_read(tmp_path, state):
     entry = tmp_path / "entry.bin"
     entry.write_bytes(b"compiled code")
-    vouched.vouch(entry)
+    vouched.vouch(entry, b"compiled code")
     entry.write_bytes(b"someone else's code")  # changed since this user wrote it
     assert vouched.read_vouched(entry) is None
     assert not vouched.is_vouched(entry)
@@ -45,7 +45,16 @@ def test_a_store_others_can_write_vouches_for_nothing(tmp_path, state):
     entry.write_bytes(b"compiled code")
     with pytest.raises(vouched.PrivateStoreError, match="written by others"):
         vouched._private_store(None)
-    assert not vouched.vouch(entry)
+    assert not vouched.vouch(entry, b"compiled code")
+    assert vouched.read_vouched(entry) is None
+
+
+def test_a_file_swapped_before_the_record_is_written_is_not_vouched_for(tmp_path, state):
+    """The record holds the digest of the bytes this process wrote, not of whatever the path
+    holds when the record is made."""
+    entry = tmp_path / "entry.bin"
+    entry.write_bytes(b"someone else's code")  # swapped in after our write
+    vouched.vouch(entry, b"compiled code")
     assert vouched.read_vouched(entry) is None
 
 

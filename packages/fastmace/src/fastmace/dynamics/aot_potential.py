@@ -194,7 +194,7 @@ def _build(
         evaluation = AotEvaluation(_load(data), state.n_systems, compute_stress)
         error = check_against_eager(evaluation, potential, state, edges, compute_stress)
         built.replace(path)  # same directory: atomic
-        vouched.vouch(path)
+        vouched.vouch(path, data)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return evaluation, error

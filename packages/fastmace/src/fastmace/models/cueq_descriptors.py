@@ -119,8 +119,9 @@ def _answered_from_disk(
             return kept
         built = original(irreps_in, irreps_out, degrees)
         with contextlib.suppress(OSError, pickle.PicklingError):  # a cache that cannot be
-            atomic_write(path, lambda stream: pickle.dump(built, stream))  # written costs time
-            vouched.vouch(path)  # read back only by this user (runtime/vouched.py)
+            data = pickle.dumps(built)  # written costs time
+            atomic_write(path, lambda stream: stream.write(data))
+            vouched.vouch(path, data)  # read back only by this user (runtime/vouched.py)
         return built
 
     return descriptor

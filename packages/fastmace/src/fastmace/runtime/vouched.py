@@ -61,11 +61,13 @@ def _record_path(entry: Path, environ: Mapping[str, str] | None) -> Path:
     return _private_store(environ) / f"{name}.json"
 
 
-def vouch(entry: Path, environ: Mapping[str, str] | None = None) -> bool:
-    """Record the digest of ``entry`` (just written by this process). False when no private
-    store can be had: the entry then is never loaded, only rebuilt."""
+def vouch(entry: Path, data: bytes, environ: Mapping[str, str] | None = None) -> bool:
+    """Record that ``entry`` holds ``data``, the bytes this process just wrote there (their
+    digest, not the file's: a file swapped since the write is not vouched for). False when no
+    private store can be had: the entry then is never loaded, only rebuilt."""
     try:
-        record = {"format": FORMAT, "path": str(entry.resolve()), "sha256": sha256_file(entry)}
+        digest = hashlib.sha256(data).hexdigest()
+        record = {"format": FORMAT, "path": str(entry.resolve()), "sha256": digest}
         atomic_write_text(_record_path(entry, environ), json.dumps(record))
     except OSError:
         return False
