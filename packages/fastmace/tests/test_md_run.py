@@ -69,6 +69,39 @@ def test_a_resume_from_a_later_restart_writes_the_unbroken_runs_thermo(demo, tmp
     assert all(np.array_equal(straight[name], again[name]) for name in straight.files)
 
 
+def test_a_full_disk_stops_the_run_with_what_to_do_and_gives_the_directory_up(
+    demo, tmp_path, monkeypatch
+):
+    """Issue 33: a full disk gave a bare [Errno 28] and left run.lock behind (metadata.json
+    could not be rewritten either). The disk fills at step 10, after the restart at step 10."""
+    import errno
+
+    from fastmace.io import DiskFullError, RunOutput
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    write_frames, write_metadata = RunOutput.write_frames, RunOutput.write_metadata
+
+    def frames_until_full(self, step, *args, **kwargs):
+        if step > 10:
+            raise full
+        return write_frames(self, step, *args, **kwargs)
+
+    def metadata_until_full(self, metadata):
+        if metadata.get("status") == "failed":
+            raise full
+        return write_metadata(self, metadata)
+
+    monkeypatch.setattr(RunOutput, "write_frames", frames_until_full)
+    monkeypatch.setattr(RunOutput, "write_metadata", metadata_until_full)
+    run = tmp_path / "run"
+    with pytest.raises(DiskFullError, match=r"disk holding .* is full .* step 10, is intact"):
+        Simulation(demo, [copper()], settings(20), run).run()
+    assert not (run / "run.lock").exists()  # a resume after freeing space is not refused
+    monkeypatch.undo()
+    resumed = Simulation(demo, [copper()], settings(20), run, resume=True).run()
+    assert resumed.steps == 20
+
+
 def test_a_run_directory_is_never_overwritten(demo, tmp_path):
     Simulation(demo, [copper()], settings(5), tmp_path / "run").run()
     before = (tmp_path / "run" / "thermo.csv").read_bytes()

@@ -12,6 +12,7 @@ names the last good restart.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -40,6 +41,7 @@ from fastmace.dynamics.thermo import thermo_rows
 from fastmace.io import Progress, RunDirectory, RunOutput
 from fastmace.io.plot import can_plot
 from fastmace.io.progress import startup_line
+from fastmace.io.run_directory import DiskFullError, is_disk_full
 from fastmace.models.load import LoadedModel
 from fastmace.planner import EngineSettings, Plan, engine_settings_for
 from fastmace.resuming import (
@@ -521,9 +523,17 @@ class Simulation:
         except BaseException as error:
             progress.close()
             self._leave_exchange_group()
-            self._write_metadata("failed", f"{type(error).__name__}: {error}")
-            if self.output is not None:
-                self.output.close()  # what was written stays; the last restart is intact
+            try:
+                self._write_metadata("failed", f"{type(error).__name__}: {error}")
+            except OSError:
+                pass  # a full disk takes this write too: the error raised below says so
+            finally:
+                if self.output is not None:
+                    # What was written stays, the last restart is intact, run.lock goes.
+                    with contextlib.suppress(OSError):
+                        self.output.close()
+            if self.output is not None and is_disk_full(error):
+                raise DiskFullError(self._disk_full_message(error)) from error
             raise
         if not rows:
             rows = thermo_rows(
@@ -559,6 +569,22 @@ class Simulation:
             self.output.write_report(result.report)
             self.output.close()
         return result
+
+    def _disk_full_message(self, error: BaseException) -> str:
+        """What stopped the run, what is kept and how to go on, for a full disk or quota."""
+        assert self.output is not None
+        directory = self.output.directory
+        kept = (
+            f"its last restart, at step {self.last_restart}, is intact"
+            if self.last_restart is not None
+            else "it wrote no restart yet"
+        )
+        return (
+            f"the disk holding {directory.path} is full ({error}): the run stopped and {kept}; "
+            "metadata.json may still say 'running' (it could not be rewritten either). Free "
+            f"space there, then resume (fastmace md ... --output {directory.path} --resume, or "
+            "fm.md(..., resume=True))"
+        )
 
     def _resumable(self, error: SimulationError) -> str:
         """Which restart a failed run can be resumed from: for SimulationError's message."""

@@ -8,6 +8,7 @@ nothing here imports torch. Start with :meth:`RunDirectory.create` or
 from fastmace.io.progress import Progress
 from fastmace.io.restart import Restart, RestartFormatError, load_restart, save_restart
 from fastmace.io.run_directory import (
+    DiskFullError,
     OccupiedRunDirectoryError,
     RunDirectory,
     RunDirectoryError,
@@ -20,6 +21,7 @@ from fastmace.io.trajectory import choose_format, read_trajectory
 
 __all__ = [
     "THERMO_COLUMNS",
+    "DiskFullError",
     "OccupiedRunDirectoryError",
     "OutputSchedule",
     "Progress",

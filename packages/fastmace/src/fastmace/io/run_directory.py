@@ -18,6 +18,7 @@ writes a run: both take ``run.lock``, and a live owner's lock is never taken ove
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -52,6 +53,15 @@ _UNSTARTED = (
     "starting, or is starting now, and there is nothing to resume. Once no process runs it, "
     "remove the directory and start again, or start the run in another directory"
 )
+
+
+class DiskFullError(RunDirectoryError):
+    """A run stopped because its directory's disk (or the user's quota there) is full."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` is a write refused for want of space or quota."""
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 class OccupiedRunDirectoryError(RunDirectoryError):
