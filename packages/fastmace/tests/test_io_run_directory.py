@@ -167,6 +167,23 @@ def test_output_cut_by_hand_before_the_restart_is_refused(demo, tmp_path, cut):
     assert path.read_bytes() == before
 
 
+def test_a_run_json_whose_trajectory_format_was_edited_is_refused(demo, tmp_path):
+    """Issue 33: the resumed run would have started a second trajectory file in the new
+    format beside the first."""
+    from conftest import copper, settings
+
+    from fastmace.simulation import Simulation
+
+    Simulation(demo, [copper()], settings(10), tmp_path / "run").run()
+    run_json = tmp_path / "run" / "run.json"
+    described = json.loads(run_json.read_text())
+    assert described["trajectory_format"] == "extxyz"
+    run_json.write_text(json.dumps({**described, "trajectory_format": "h5md"}))
+    with pytest.raises(RunDirectoryError, match=r"run\.json was edited.*\"extxyz\" back"):
+        RunDirectory.resume(tmp_path / "run")
+    assert not (tmp_path / "run" / "trajectory.h5md").exists()
+
+
 def test_resume_removes_temporaries_of_a_killed_writer(tmp_path):
     output = RunDirectory.create(tmp_path / "run", n_atoms=2, n_systems=1)
     output.write_restart(0, {"x": np.zeros(2)})

@@ -204,6 +204,7 @@ class RunDirectory:
                     f"cannot resume {directory.path}: {directory._missing_restart()}"
                 )
             restart = load_restart(directory.restart_path)
+            directory._check_trajectory_format(settings)
             kept = directory._truncate_after(settings["trajectory_format"], restart.step)
             directory._check_no_gap(settings, restart.step, kept)
         except BaseException:
@@ -242,6 +243,19 @@ class RunDirectory:
             f"cannot write in run directory {self.path}: {error.strerror or error}; "
             "choose a directory you can write to, or change its permissions"
         )
+
+    def _check_trajectory_format(self, settings: Mapping[str, Any]) -> None:
+        """Refuse a run.json whose trajectory format was edited: the resumed run would start
+        a second trajectory file in the new format beside the run's own."""
+        named = settings["trajectory_format"]
+        for other, name in trajectory.FILE_NAMES.items():
+            if other != named and (self.path / name).is_file():
+                raise RunDirectoryError(
+                    f"cannot resume {self.path}: run.json says the trajectory is {named!r}, but "
+                    f"the run wrote {name}: run.json was edited since. Put "
+                    f'"trajectory_format": "{other}" back in run.json (a resumed run keeps one '
+                    "trajectory file)"
+                )
 
     def _check_no_gap(self, settings: Mapping[str, Any], step: int, kept: dict[Path, int]) -> None:
         """Refuse to resume when the thermo log or the trajectory lacks output the run wrote
