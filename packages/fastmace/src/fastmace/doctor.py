@@ -390,6 +390,7 @@ def check_startup_cache(ctx: DoctorContext) -> str:
             ctx.environ.get(environment.CUEQ_KERNEL_CACHE) or root / "cueq-nvrtc",
         ),
         ("cuEquivariance descriptors", root / "compile" / "cueq"),
+        ("potentials compiled ahead of time", root / "compile" / "aot"),
     )
     parts = []
     for name, place in places:
