@@ -4,6 +4,8 @@ output directory and the command line."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 import ase
@@ -152,6 +154,12 @@ def test_fm_relax_writes_its_directory_and_refuses_a_used_one(tmp_path):
     assert frames[0].get_potential_energy() == pytest.approx(result.energies_eV[0])
     log = (output / "relax.csv").read_text().splitlines()
     assert log[0].startswith("iteration,system,energy_eV") and len(log) >= 3
+    # One row per iteration (issue 33: it was one per block, 2 rows for 46 iterations), from
+    # the start to the converged last one, whose fmax is the result's.
+    rows = list(csv.DictReader(io.StringIO("\n".join(log))))
+    assert [int(row["iteration"]) for row in rows] == list(range(result.iterations[0] + 1))
+    assert float(rows[-1]["fmax_eV_per_A"]) == pytest.approx(result.fmax_eV_per_A[0])
+    assert rows[-1]["converged"] == "1" and all(row["converged"] == "0" for row in rows[:-1])
     metadata = json.loads((output / "metadata.json").read_text())
     assert metadata["kind"] == "relaxation" and metadata["results"]["converged"] == [True]
     assert metadata["model"]["label"] == "demo-emt-cu"

@@ -153,7 +153,7 @@ class Relaxation:
             dispersion=self.dispersion, **charge_tensors(self.charges, self.spins, state.device),
         )  # fmt: skip
         while True:  # the first forces, recomputed until the list fits (as for MD)
-            md = fire_init(state, force_field, settings)
+            md = fire_init(state, force_field, settings, history=engine.block_steps)
             if not overflowed(force_field.edges):
                 break
             force_field.neighbours, force_field.edges = regrow(force_field.neighbours, state)
@@ -161,6 +161,8 @@ class Relaxation:
             md, fire_step, force_field, block_steps=engine.block_steps, capture=engine.graphs
         )
         self.log_rows: list[dict[str, Any]] = []
+        self._logged_steps = 0  # the batch's steps whose rows are in log_rows
+        self._logged_iterations = [-1] * len(self.structures)  # each system's last row
         self.timings = {"setup_s": time.perf_counter() - started}
 
     @property
@@ -204,16 +206,30 @@ class Relaxation:
             "converged": [bool(value) for value in table[4]],
             "iterations": [int(value) for value in table[5]],
         }
-        for system in range(len(self.structures)):
-            self.log_rows.append({
-                "iteration": self.engine.steps_done,
-                "system": system,
-                "energy_eV": status["energy"][system],
-                "enthalpy_eV": status["enthalpy"][system],
-                "fmax_eV_per_A": status["fmax"][system],
-                "volume_A3": status["volume"][system],
-                "converged": int(status["converged"][system]),
-            })  # fmt: skip
+        # The block's steps, from the history ring (the start: the current values).
+        done = self.engine.steps_done
+        if done == self._logged_steps:
+            rows = [np.stack([table[0], table[1], table[2], table[3], table[4], table[5]], 1)]
+        else:
+            history = md.history.detach().double().cpu().numpy()
+            slots = [step % history.shape[0] for step in range(self._logged_steps, done)]
+            rows = [history[slot] for slot in slots]
+        self._logged_steps = done
+        for row in rows:
+            for system, values in enumerate(row):
+                iteration = int(values[5])
+                if iteration <= self._logged_iterations[system]:
+                    continue  # a converged system holds still: no new row
+                self._logged_iterations[system] = iteration
+                self.log_rows.append({
+                    "iteration": iteration,
+                    "system": system,
+                    "energy_eV": float(values[0]),
+                    "enthalpy_eV": float(values[1]),
+                    "fmax_eV_per_A": float(values[2]),
+                    "volume_A3": float(values[3]),
+                    "converged": int(values[4]),
+                })  # fmt: skip
         return status
 
     def _say(self, status: dict[str, list]) -> None:

@@ -93,6 +93,10 @@ class FireState(MDState):
         fmax: (S,) the largest generalised force at the current positions.
         threshold, max_step, pressure, cell_factor: (S,) the settings each system runs with
             (pressure in eV/Å^3; ``cell_factor`` is c above).
+        history: (H, S, 6) each system's energy, enthalpy, fmax, volume, converged (0 or 1)
+            and iterations after each of the batch's last H steps, in a ring (relax.csv's
+            rows: the host reads a block's worth once per block).
+        steps: () int64, the batch's steps so far (where the next history row goes).
     """
 
     cell_velocities: torch.Tensor
@@ -107,6 +111,8 @@ class FireState(MDState):
     max_step: torch.Tensor
     pressure: torch.Tensor
     cell_factor: torch.Tensor
+    history: torch.Tensor
+    steps: torch.Tensor
     settings: FireSettings
 
     def converged(self) -> torch.Tensor:
@@ -154,8 +160,11 @@ def largest_force(md: FireState) -> torch.Tensor:
     return torch.maximum(largest, cell.norm(dim=2).amax(dim=1))
 
 
-def fire_init(state: State, compute: ComputeFn, settings: FireSettings) -> FireState:
-    """FIRE's start: zero velocities, the first forces (and stress with a cell), FIRE's scalars.
+def fire_init(
+    state: State, compute: ComputeFn, settings: FireSettings, history: int = 1
+) -> FireState:
+    """FIRE's start: zero velocities, the first forces (and stress with a cell), FIRE's scalars,
+    and room for the last ``history`` steps' values (one block's, for relax.csv).
 
     Runs on the host once (it checks the potential's output); not for a step.
     """
@@ -189,9 +198,28 @@ def fire_init(state: State, compute: ComputeFn, settings: FireSettings) -> FireS
         max_step=per_system(settings.max_step_A),
         pressure=per_system(settings.pressure_GPa * EV_PER_A3_PER_GPA),
         cell_factor=atoms,
+        history=torch.zeros(
+            (max(int(history), 1), n, len(HISTORY_COLUMNS)), dtype=dtype, device=device
+        ),
+        steps=torch.zeros((), dtype=torch.int64, device=device),
         settings=settings,
     )
     return replace(md, fmax=largest_force(md))
+
+
+# What FireState.history holds for each system after each step, in this order.
+HISTORY_COLUMNS = ("energy", "enthalpy", "fmax", "volume", "converged", "iterations")
+
+
+def _recorded(md: FireState) -> FireState:
+    """``md`` with this step's values in its history ring (device work only)."""
+    row = torch.stack([
+        md.energy.to(md.history.dtype), md.enthalpy().to(md.history.dtype),
+        md.fmax.to(md.history.dtype), cell_volume(md.state.cell).to(md.history.dtype),
+        md.converged().to(md.history.dtype), md.iterations.to(md.history.dtype),
+    ], dim=1)  # fmt: skip
+    slot = torch.remainder(md.steps, md.history.shape[0]).view(1)
+    return replace(md, history=md.history.index_copy(0, slot, row.unsqueeze(0)), steps=md.steps + 1)
 
 
 def fire_step(md: FireState, compute: ComputeFn) -> FireState:
@@ -251,7 +279,7 @@ def fire_step(md: FireState, compute: ComputeFn) -> FireState:
     else:
         moved = replace(state, positions=state.positions + move_atoms)
     md = evaluate(md, replace(moved, velocities=velocities), compute)
-    return replace(md, fmax=largest_force(md))
+    return _recorded(replace(md, fmax=largest_force(md)))
 
 
 def _deformed(
