@@ -209,7 +209,7 @@ class Relaxation:
         # The block's steps, from the history ring (the start: the current values).
         done = self.engine.steps_done
         if done == self._logged_steps:
-            rows = [np.stack([table[0], table[1], table[2], table[3], table[4], table[5]], 1)]
+            rows = [table.T]  # the columns above, in HISTORY_COLUMNS' order
         else:
             history = md.history.detach().double().cpu().numpy()
             slots = [step % history.shape[0] for step in range(self._logged_steps, done)]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import io
@@ -398,16 +399,12 @@ def _cuda_home_for(device: torch.device) -> Iterator[None]:
     home = prepare_cuda_home(
         cache.cache_root().path / "oeq", toolchain.cuda_wheel_include_dirs(), lib_dir, driver
     )
-    before = os.environ.get("CUDA_HOME")
-    cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"] = str(home.root)
-    try:
-        yield
-    finally:
-        cpp_extension.CUDA_HOME = None
-        if before is None:
-            os.environ.pop("CUDA_HOME", None)
-        else:
-            os.environ["CUDA_HOME"] = before
+    with environment.restored(["CUDA_HOME"]):
+        cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"] = str(home.root)
+        try:
+            yield
+        finally:
+            cpp_extension.CUDA_HOME = None  # it was None: no CUDA toolkit was found
 
 
 def _tensors_digest(module: torch.nn.Module) -> str:
@@ -440,6 +437,7 @@ def _library_versions() -> dict[str, str]:
     return versions
 
 
+@functools.cache  # the sources do not change while a process runs
 def _source_digest() -> str:
     import fastmace
 

@@ -244,19 +244,19 @@ class NeighbourList:
             )
 
     def saved(self) -> dict[str, Any]:
-        """What a restart keeps so that a resumed run has this very list (:meth:`restored`):
-        the grid, every capacity and the peaks seen. Built again from the reference positions
-        with these, the edges fill the same slots of buffers of the same sizes, so every sum
-        over them (forces, and the virial over all edges) rounds as in the unbroken run."""
+        """What a restart keeps so that a resumed run has this very list (:meth:`restore`):
+        the grid, the model's edge capacity, the cell margin and the peaks seen. Built again
+        from the reference positions with these, the edges fill the same slots of buffers of
+        the same sizes, so every sum over them (forces, and the virial over all edges) rounds
+        as in the unbroken run."""
         grid = {
             name: (value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
             for name, value in vars(self.grid).items()
         }
+        # The edge and bin capacities travel beside it, in the restart's "neighbours".
         return {
             "grid": grid,
-            "capacity": self.capacity,
             "cutoff_capacity": self.cutoff_capacity,
-            "bin_capacity": self.bin_capacity,
             "cell_margin": self.cell_margin,
             "peaks": {
                 "count": int(self._peak_count),

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fastmace.io.atomic import atomic_write_text
-from fastmace.runtime.digest import sha256_file
 
 FORMAT = 1
 
@@ -74,21 +73,6 @@ def vouch(entry: Path, data: bytes, environ: Mapping[str, str] | None = None) ->
     return True
 
 
-def is_vouched(entry: Path, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``entry`` holds the very bytes this user recorded for it."""
-    try:
-        record = json.loads(_record_path(entry, environ).read_text())
-        actual = sha256_file(entry)
-    except (OSError, ValueError):
-        return False
-    return (
-        isinstance(record, dict)
-        and record.get("format") == FORMAT
-        and record.get("path") == str(entry.resolve())
-        and record.get("sha256") == actual
-    )
-
-
 def read_vouched(entry: Path, environ: Mapping[str, str] | None = None) -> bytes | None:
     """The bytes of ``entry`` when they are the ones this user recorded, else None.
 
@@ -108,3 +92,8 @@ def read_vouched(entry: Path, environ: Mapping[str, str] | None = None) -> bytes
     ):
         return None
     return data
+
+
+def is_vouched(entry: Path, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``entry`` holds the very bytes this user recorded for it."""
+    return read_vouched(entry, environ) is not None
