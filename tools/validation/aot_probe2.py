@@ -10,6 +10,7 @@ Each prints its phases' seconds and the largest force difference from the eager 
 from __future__ import annotations
 
 import faulthandler
+import os
 import sys
 import time
 
@@ -25,7 +26,8 @@ from fastmace.models.templates import template
 
 
 def setup():
-    model = convert(template("mp0-medium", dtype=torch.float32), "cueq", "cuda")
+    name = os.environ.get("AOT_PROBE_TEMPLATE", "mp0-medium")
+    model = convert(template(name, dtype=torch.float32), "cueq", "cuda")
     atoms = ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat((3, 3, 3))
     atoms.rattle(0.02, seed=1)
     potential = Potential(model, [11, 17], radial_table=True)

@@ -44,6 +44,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 41  # quiet runs and tables, lean import
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 42  # start-up, compiled ahead of time
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 43  # AOT: default path speed; gpu tests
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 46  # own convolution; relax gpu tests
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 47  # AOTInductor's crash, backtraced
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -586,6 +588,36 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
   else
     echo "no gdb"
   fi
+  ;;
+46)
+  # Issue 30: FastMACE's own convolution (dynamics/conv_triton.py) against the torch formulas
+  # and mace-torch on CUDA, then against cuEquivariance's on the same inputs, 216 to 13,824
+  # atoms; then last session's GPU tests of relaxation (its per-iteration ring) and the engine.
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_fused_conv.py" \
+    > "$OUT/gpu_tests_46_conv.txt" 2>&1
+  echo "fused convolution gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_46_conv.txt"))"
+  grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_46_conv.txt" | head
+  timeout 200 python3 benchmarks/conv_kernels.py --atoms 216,1728,13824 --out "$OUT/conv" \
+    > "$OUT/conv_kernels.log" 2>&1
+  echo "convolution kernels: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log"
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_relax.py" \
+    "$tests/test_engine_gpu.py" > "$OUT/gpu_tests_46.txt" 2>&1
+  echo "relax and engine gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_46.txt"))"
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_46.txt" | head
+  ;;
+47)
+  # Stage 45's loader crash with a native backtrace (segv_backtrace.c; no gdb there), on
+  # MP-0 small, whose package builds faster.
+  gcc -shared -fPIC -O1 -o /tmp/segv_backtrace.so tools/validation/segv_backtrace.c
+  export FASTMACE_CACHE=/tmp/fastmace-cache-47 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-47
+  export AOT_PROBE_TEMPLATE=mp0-small
+  probe=tools/validation/aot_probe2.py
+  timeout 240 python3 "$probe" aoti-build /tmp/b.pt2 2>&1 | grep -E "at |rror" | tail -4
+  LD_PRELOAD=/tmp/segv_backtrace.so timeout 90 python3 "$probe" aoti-load /tmp/b.pt2 \
+    > "$OUT/aoti_load_47.txt" 2>&1
+  echo "load: exit $?"
+  grep -v Warn "$OUT/aoti_load_47.txt" | tail -45
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),

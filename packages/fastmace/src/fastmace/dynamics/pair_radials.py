@@ -14,7 +14,8 @@ distance is the one both edges would have sent.
 
 How the weights reach both halves: cuEquivariance's fused convolution (mace's cuEq backend on
 a GPU) takes an index for each operand, so it reads edge ``e``'s weights from row ``e mod E/2``
-of the half-size tensor (:class:`PairIndexedConvolution`); any other convolution gets the
+of the half-size tensor (:class:`PairIndexedConvolution`), and FastMACE's own convolution
+(dynamics/fused_conv.py) reads them so by itself; any other convolution gets the
 weights copied into both halves, which costs a copy forward and a sum backward (about 3 ms of
 the 29 ms step at 13,824 atoms on an H200, docs/validation/performance.md).
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from fastmace.dynamics.fused_conv import FusedConvolution
 from fastmace.dynamics.module_copy import shallow_copy
 
 # Blocks whose radial MLP reads `edge_feats` alone (mace-torch 0.3.16, modules/blocks.py).
@@ -117,9 +119,10 @@ def pair_shared_model(model: torch.nn.Module) -> torch.nn.Module | None:
     for index in eligible:
         original = interactions[index]
         block = shallow_copy(original)
-        indexed = cutoff_inside and _is_fused_cueq_convolution(original)
+        ours = isinstance(original.conv_tp, FusedConvolution)  # reads row e mod rows itself
+        indexed = cutoff_inside and (ours or _is_fused_cueq_convolution(original))
         block.conv_tp_weights = PairSharedRadial(original.conv_tp_weights, not indexed)
-        if indexed:
+        if indexed and not ours:
             block.conv_tp = PairIndexedConvolution(original.conv_tp)
         blocks[index] = block
     return shared

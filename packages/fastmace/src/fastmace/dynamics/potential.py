@@ -46,6 +46,7 @@ from fastmace.dynamics.edges import (
     systems_of,
     systems_of_atoms,
 )
+from fastmace.dynamics.fused_conv import fused_convolution_model
 from fastmace.dynamics.module_copy import weight_sharing_copy
 from fastmace.dynamics.pair_radials import pair_shared_model
 from fastmace.dynamics.polar import (
@@ -150,6 +151,11 @@ class Potential(torch.nn.Module):
         radial_table_fallback: when the tables cannot be built to their tolerance, warn,
             record why in ``table_failure`` and run the radial MLPs instead of raising (for
             tables the planner chose, not the user).
+        fused_convolution: each interaction block's convolution runs as FastMACE's own
+            kernel (dynamics/fused_conv.py) instead of the backend's; raises
+            ``ConvolutionError`` for a block it does not compute (it needs a cuEquivariance
+            model, whose features' layout is the kernel's). Under evaluation: the planner does
+            not choose it yet (docs/validation/performance.md).
 
     ``first_compiled_call_s`` holds the seconds of the first compiled call (its compilation
     included) once it has run: what the next plan for this model expects compilation to cost.
@@ -166,6 +172,7 @@ class Potential(torch.nn.Module):
         matmul_precision: str = DEFAULT_MATMUL_PRECISION,
         radial_table: bool = False,
         radial_table_fallback: bool = False,
+        fused_convolution: bool = False,
     ) -> None:
         super().__init__()
         _check_model(model)
@@ -198,6 +205,9 @@ class Potential(torch.nn.Module):
             self.model = specialise_for_species(model, (*self.species, self.model_species[0]))
             if radial_table:
                 self._tabulate(radial_table_fallback)
+            if fused_convolution:
+                # The padding node (the last) has edges to itself only: no messages needed.
+                self.model = fused_convolution_model(self.model, skip=1)
             # The same weights with the radial MLPs run once per pair, for mirrored edges
             # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
             self.pair_model = pair_shared_model(self.model)

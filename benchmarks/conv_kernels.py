@@ -1,0 +1,236 @@
+"""FastMACE's interaction convolution against cuEquivariance's, on the same inputs (GPU).
+
+For each size of rock-salt NaCl and each interaction block of a template model (float32,
+cuEquivariance, the mirrored edges and per-pair radial weights the engine gives the model):
+
+* the block's convolution forward, and forward + backward (what forces need), captured in a
+  CUDA graph and replayed: cuEquivariance's fused convolution (mace's ``conv_fusion`` with a
+  per-pair weight index) and FastMACE's (dynamics/fused_conv.py);
+* each one's largest error against the same formulas in float64, relative to the largest
+  value, for the messages and for the gradients of features, harmonics and weights;
+* then the whole potential (energy and forces; radial tables as the default path has them)
+  with either convolution, captured and replayed, and the forces' difference.
+
+    python benchmarks/conv_kernels.py --atoms 216,1728,13824 --out DIR
+
+writes DIR/conv_kernels.json (a ``cases`` list as md_speed.py's: model, atoms, path, variant,
+status, ms_per_step) and prints a table. The kernels' story is in docs/validation/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from profile_step import graph_ms, nacl
+
+from fastmace.dynamics.fused_conv import (
+    FusedConvolution,
+    _module_messages,
+    convolve_backward_reference,
+    convolve_reference,
+    coupling_of,
+)
+from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.dynamics.pair_radials import PairIndexedConvolution
+from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.state import State
+from fastmace.models.load import load
+
+DEVICE = "cuda"
+
+
+def timed_ms(function: Any) -> float:
+    """ms per call: replayed from a CUDA graph on a GPU, timed eagerly on the CPU (smoke)."""
+    if DEVICE == "cuda":
+        return graph_ms(function)
+    function()
+    started = time.perf_counter()
+    for _ in range(3):
+        function()
+    return (time.perf_counter() - started) / 3 * 1000
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-300))
+
+
+def block_inputs(potential: Potential, state: State, edges: Any, block: torch.nn.Module,
+                 generator: torch.Generator) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The block's convolution inputs at this size: the real edge index (padding rerouted
+    to the padding atom), random features, harmonics and per-pair weights."""
+    graph = potential._graph(state, edges, False)
+    edge_index = graph.data["edge_index"]
+    coupling = coupling_of(block)
+    d1, d2, _ = coupling.coefficients.shape
+    atoms, count = state.n_atoms + 1, edge_index.shape[1]
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator, device=DEVICE)
+
+    return {
+        "features": draw(atoms, d1 * coupling.channels),
+        "harmonics": draw(count, d2),
+        "weights": draw(count // 2, coupling.paths * coupling.channels),
+        "edge_index": edge_index,
+    }
+
+
+class _BothHalves(torch.nn.Module):
+    """A backend convolution that takes no weight index, given each pair's weights twice."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, features, harmonics, weights, edge_index):
+        return _module_messages(self.block, features, harmonics, torch.cat([weights, weights]),
+                                edge_index)  # fmt: skip
+
+
+def backend_convolution(potential: Potential, index: int) -> torch.nn.Module:
+    """The backend's convolution of block ``index`` as the default path runs it: with a
+    per-pair weight index where it has one (cuEquivariance's fused convolution on CUDA)."""
+    convolution = potential.pair_model.interactions[index].conv_tp
+    if isinstance(convolution, PairIndexedConvolution):
+        return convolution
+    return _BothHalves(potential.model.interactions[index])
+
+
+def time_convolution(convolution: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict:
+    leaves = {name: inputs[name].clone().requires_grad_(True)
+              for name in ("features", "harmonics", "weights")}  # fmt: skip
+    args = (leaves["features"], leaves["harmonics"], leaves["weights"], inputs["edge_index"])
+    grad = torch.randn_like(convolution(*args).detach())
+
+    def forward() -> None:
+        with torch.no_grad():
+            convolution(*args)
+
+    def both() -> None:
+        for leaf in leaves.values():
+            leaf.grad = None
+        torch.autograd.backward(convolution(*args), grad)
+
+    out = convolution(*args)
+    grads = torch.autograd.grad(out, list(leaves.values()), grad)
+    return {"forward_ms": timed_ms(forward), "ms": timed_ms(both),
+            "found": [out.detach(), *grads], "grad": grad}  # fmt: skip
+
+
+def float64_answers(coupling: Any, inputs: dict[str, torch.Tensor], grad: torch.Tensor) -> list:
+    atoms, c = inputs["features"].shape[0], coupling.channels
+    x = inputs["features"].double().view(atoms, -1, c)
+    w = inputs["weights"].double().view(inputs["weights"].shape[0], -1, c)
+    y, index = inputs["harmonics"].double(), inputs["edge_index"]
+    t, paths = coupling.coefficients.to(DEVICE), coupling.path_of.to(DEVICE)
+    out = convolve_reference(x, y, w, t, paths, index, 1)
+    gx, gy, gw = convolve_backward_reference(grad.double().view(atoms, -1, c), x, y, w, t, paths,
+                                             index, 1)  # fmt: skip
+    gw = gw.view(2, -1, *gw.shape[1:]).sum(0)
+    return [out.view(atoms, -1), gx.view(atoms, -1), gy, gw.view(gw.shape[0], -1)]
+
+
+def convolution_cases(model_name: str, atoms: int, loaded: Any) -> list[dict[str, Any]]:
+    structure = nacl(atoms)
+    state = State.from_atoms([structure], device=DEVICE)
+    potential = Potential(loaded.module, sorted(set(structure.numbers)), radial_table=True)
+    neighbours = NeighbourList(state, potential.r_max, 0.5)
+    edges = neighbours.cutoff_edges(state, neighbours.build(state))
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    cases = []
+    for index, block in enumerate(potential.model.interactions):
+        inputs = block_inputs(potential, state, edges, block, generator)
+        coupling = coupling_of(block)
+        theirs = backend_convolution(potential, index)
+        ours = FusedConvolution(coupling, torch.float32, torch.device(DEVICE), skip=1)
+        timings = {"cueq": time_convolution(theirs, inputs),
+                   "fastmace": time_convolution(ours, inputs)}  # fmt: skip
+        # Both against float64 formulas, for the gradient the cuEq run was given.
+        want = float64_answers(coupling, inputs, timings["cueq"]["grad"])
+        want_ours = float64_answers(coupling, inputs, timings["fastmace"]["grad"])
+        for path, timing in timings.items():
+            reference = want if path == "cueq" else want_ours
+            # Real atoms and edges only: the padding atom (the last) and its edges are not
+            # needed (ours leaves them zero).
+            real = inputs["edge_index"][1] < state.n_atoms
+            pairs = real[: real.shape[0] // 2]
+            errors = [relative(timing["found"][0][:-1], reference[0][:-1]),
+                      relative(timing["found"][1][:-1], reference[1][:-1]),
+                      relative(timing["found"][2][real], reference[2][real]),
+                      relative(timing["found"][3][pairs], reference[3][pairs])]  # fmt: skip
+            cases.append({
+                "model": model_name, "atoms": atoms, "path": "convolution",
+                "variant": f"{path}-block{index}", "status": "ok",
+                "ms_per_step": timing["ms"], "forward_ms": timing["forward_ms"],
+                "edges": int(inputs["edge_index"].shape[1]),
+                "errors_vs_float64": dict(zip(
+                    ("messages", "features_grad", "harmonics_grad", "weights_grad"), errors,
+                    strict=True)),
+            })  # fmt: skip
+    return cases + potential_cases(model_name, atoms, loaded, state, edges)
+
+
+def potential_cases(model_name: str, atoms: int, loaded: Any, state: State,
+                    edges: Any) -> list[dict[str, Any]]:  # fmt: skip
+    species = sorted(set(state.atomic_numbers.tolist()))
+    found, cases = {}, []
+    for path, fused in (("cueq", False), ("fastmace-conv", True)):
+        potential = Potential(loaded.module, species, radial_table=True, fused_convolution=fused)
+        ms = timed_ms(lambda potential=potential: potential(state, edges))
+        found[path] = potential(state, edges).forces
+        cases.append({"model": model_name, "atoms": atoms, "path": "potential",
+                      "variant": f"{path}-table", "status": "ok", "ms_per_step": ms})  # fmt: skip
+    scale = float(found["cueq"].abs().max())
+    cases[-1]["forces_vs_cueq"] = (
+        float((found["fastmace-conv"] - found["cueq"]).abs().max()) / scale
+    )
+    return cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--atoms", default="216,1728,13824")
+    parser.add_argument("--model", default="mp0-medium")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
+    args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    loaded = load(f"template:{args.model}", backend="cueq", device=DEVICE, dtype="float32")
+    cases: list[dict[str, Any]] = []
+    for atoms in (int(text) for text in args.atoms.split(",")):
+        try:
+            cases += convolution_cases(args.model, atoms, loaded)
+        except Exception as error:  # one size failing must not lose the others
+            traceback.print_exc()
+            cases.append({"model": args.model, "atoms": atoms, "path": "convolution",
+                          "variant": "all", "status": "error", "ms_per_step": None,
+                          "error": f"{type(error).__name__}: {error}"[:2000]})  # fmt: skip
+        for case in cases:
+            if case["atoms"] == atoms:
+                print(f"{case['atoms']:>7} {case['path']:<12} {case['variant']:<22} "
+                      f"{case['status']:<6} {case.get('ms_per_step') or 0:9.3f} ms "
+                      f"fwd {case.get('forward_ms') or 0:8.3f} "
+                      f"{json.dumps(case.get('errors_vs_float64') or case.get('forces_vs_cueq'))}",
+                      flush=True)  # fmt: skip
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    device = torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE
+    record = {"device": device, "torch": torch.__version__,
+              "seconds": time.perf_counter() - started, "cases": cases}  # fmt: skip
+    (args.out / "conv_kernels.json").write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""FastMACE's own interaction convolution (dynamics/fused_conv.py, conv_triton.py).
+
+The coupling is read from each block's own cuEquivariance module and checked against it; the
+Triton kernels give the torch formulas' numbers in Triton's interpreter (CPU) and compile for
+Hopper; a Potential that convolves with them gives mace-torch's float64 energies, forces and
+stresses, on plain and mirrored edges. On a GPU the same comparisons run compiled.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+from conftest import run_python
+from test_dispersion_triton import CompileForHopper
+from test_pair_radials import model_edges
+from test_potential import (
+    ase_edges,
+    assert_matches_reference,
+    cluster,
+    copper_supercell,
+    model_of,
+    triclinic_mixed,
+)
+
+from fastmace.dynamics.fused_conv import (
+    ConvolutionError,
+    FusedConvolution,
+    coupling_disagreement,
+    coupling_of,
+    fused_convolution_model,
+)
+from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.state import State
+from fastmace.models import backends
+
+SPECIES = [29, 8, 6, 1]
+
+
+@functools.cache
+def cueq_model(name: str, dtype: torch.dtype, device: str = "cpu") -> torch.nn.Module:
+    """The template converted to cuEquivariance, once per test session."""
+    return backends.convert(model_of(name, dtype).to(device), "cueq")
+
+
+@pytest.mark.parametrize("name", ["tiny", "mp0-medium"])
+def test_the_coupling_read_from_a_block_is_what_the_block_computes(name):
+    model = cueq_model(name, torch.float64)
+    for block in model.interactions:
+        coupling = coupling_of(block)
+        d1, d2, d3 = coupling.coefficients.shape
+        assert coupling.path_of.shape == (d3,)
+        radial = block.conv_tp_weights(torch.zeros(1, block.edge_feats_irreps.dim).double())
+        assert radial.shape[1] == coupling.paths * coupling.channels
+        assert block.edge_attrs_irreps.dim == d2 and block.edge_irreps.dim == d1 * coupling.channels
+        assert coupling_disagreement(block, coupling, seed=1) < 1e-13
+
+
+def test_a_block_in_another_layout_is_refused_with_the_reason():
+    """e3nn's own modules order features channel by channel (mul_ir): the check catches it."""
+    with pytest.raises(ConvolutionError, match="differ from the block's own convolution"):
+        fused_convolution_model(model_of("tiny", torch.float64))
+
+
+@pytest.mark.parametrize("name", ["tiny", "mp0-medium"])
+def test_a_potential_on_the_fused_convolution_gives_mace_torchs_results(name):
+    model = cueq_model(name, torch.float64)
+    structures = [copper_supercell(), triclinic_mixed(), cluster()]
+    state = State.from_atoms(structures)
+    potential = Potential(model, SPECIES, fused_convolution=True)
+    blocks = [block.conv_tp for block in potential.model.interactions]
+    assert all(isinstance(block, FusedConvolution) for block in blocks)
+    for edges in (ase_edges(state, potential.r_max, 1.5), model_edges(state, potential.r_max)):
+        output = potential(state, edges, compute_stress=True)
+        # Against the e3nn model mace-torch builds, one structure at a time.
+        assert_matches_reference(model_of(name, torch.float64), structures, output, state)
+
+
+COMPARE = """
+import json, torch
+from fastmace.dynamics import conv_triton
+from fastmace.dynamics.fused_conv import (
+    convolve_backward_reference, convolve_reference, coupling_of,
+)
+from fastmace.models import backends
+from fastmace.models.templates import template
+
+report = {{}}
+generator = torch.Generator().manual_seed(0)
+for name in ("tiny", "mp0-medium"):
+    block = backends.convert(template(name), "cueq").interactions[1]
+    coupling = coupling_of(block)
+    d1, d2, d3 = coupling.coefficients.shape
+    channels, paths = coupling.channels, coupling.paths
+    for dtype in (torch.float64, torch.float32):
+        # Plain rows with no padding atom; pair rows (E/2) with one, as a Potential has.
+        for skip, halves in ((0, 1), (1, 2)):
+            atoms, edges = 9, 60
+            draw = lambda *shape: torch.randn(shape, generator=generator, dtype=dtype)
+            x, y = draw(atoms, d1, channels), draw(edges, d2)
+            w, g = draw(edges // halves, paths, channels), draw(atoms, d3, channels)
+            index = torch.randint(0, atoms - skip, (2, edges), generator=generator)
+            index[:, edges // 2 - 3 : edges // 2] = atoms - 1 if skip else index[:, :3]
+            index[:, edges - 3 :] = atoms - 1 if skip else index[:, 3:6]
+            x, y, w, g, index = (t.to({device!r}) for t in (x, y, w, g, index))
+            t = coupling.coefficients.to({device!r}, dtype)
+            paths_of = coupling.path_of.to({device!r})
+            receiver_runs = conv_triton.runs(index[1], atoms)
+            want = [convolve_reference(x, y, w, t, paths_of, index, skip)]
+            got = [conv_triton.forward(x, y, w, t, paths_of, index[0], receiver_runs, skip)]
+            want += convolve_backward_reference(g, x, y, w, t, paths_of, index, skip)
+            got += conv_triton.backward(g, x, y, w, t, paths_of, index, receiver_runs,
+                                        conv_triton.runs(index[0], atoms), skip)
+            report[f"{{name}} {{dtype}} skip={{skip}} rows=E/{{halves}}"] = [
+                float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)
+            ]
+print(json.dumps(report))
+"""
+
+
+def compare(env: dict[str, str], device: str) -> dict[str, list[float]]:
+    result = run_python(COMPARE.format(device=device), env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def assert_kernels_agree(report: dict[str, list[float]]) -> None:
+    assert len(report) == 8
+    for case, errors in report.items():
+        rounding = 1e-5 if "float32" in case else 1e-13  # summation order
+        assert len(errors) == 4 and all(error <= rounding for error in errors), (case, errors)
+
+
+def test_the_kernels_match_the_torch_formulas_in_the_interpreter(clean_env):
+    assert_kernels_agree(compare({**clean_env, "TRITON_INTERPRET": "1"}, "cpu"))
+
+
+def test_the_kernels_compile_for_hopper(monkeypatch):
+    """Triton's whole pipeline down to an sm_90 cubin for MP-0 medium's second block."""
+    from fastmace.dynamics import conv_triton as kernels
+
+    names = ("_conv_forward", "_edges_backward", "_sum_by_sender", "_zero_skipped_edges")
+    compiled: list[str] = []
+    for name in names:
+        monkeypatch.setattr(kernels, name, CompileForHopper(getattr(kernels, name), compiled))
+    coupling = coupling_of(cueq_model("mp0-medium", torch.float32).interactions[1])
+    d1, d2, d3 = coupling.coefficients.shape
+    c, p = coupling.channels, coupling.paths
+    atoms, edges = 5, 8
+    x, y, w = torch.zeros(atoms, d1, c), torch.zeros(edges, d2), torch.zeros(edges, p, c)
+    t = coupling.coefficients.float()
+    index = torch.zeros(2, edges, dtype=torch.int64)
+    runs = kernels.runs(index[1], atoms)
+    kernels.forward(x, y, w, t, coupling.path_of, index[0], runs, 1)
+    kernels.backward(torch.zeros(atoms, d3, c), x, y, w, t, coupling.path_of, index, runs, runs, 1)
+    assert compiled == list(names)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_the_gpu_the_kernels_and_the_potential_agree(clean_env):
+    assert_kernels_agree(compare(clean_env, "cuda"))
+    model = cueq_model("mp0-medium", torch.float64, "cuda")
+    structures = [copper_supercell(), triclinic_mixed(), cluster()]
+    state = State.from_atoms(structures, device="cuda")
+    potential = Potential(model, SPECIES, fused_convolution=True)
+    output = potential(state, model_edges(state, potential.r_max), compute_stress=True)
+    assert_matches_reference(model_of("mp0-medium", torch.float64), structures, output, state)
