@@ -116,9 +116,9 @@ def time_convolution(convolution: torch.nn.Module, inputs: dict[str, torch.Tenso
             convolution(*args)
 
     def both() -> None:
-        for leaf in leaves.values():
-            leaf.grad = None
-        torch.autograd.backward(convolution(*args), grad)
+        # autograd.grad, not backward: accumulating into the leaves' .grad would make the
+        # capture wait on the stream they were made on.
+        torch.autograd.grad(convolution(*args), list(leaves.values()), grad)
 
     out = convolution(*args)
     grads = torch.autograd.grad(out, list(leaves.values()), grad)

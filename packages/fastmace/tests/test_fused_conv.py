@@ -42,7 +42,7 @@ SPECIES = [29, 8, 6, 1]
 @functools.cache
 def cueq_model(name: str, dtype: torch.dtype, device: str = "cpu") -> torch.nn.Module:
     """The template converted to cuEquivariance, once per test session."""
-    return backends.convert(model_of(name, dtype).to(device), "cueq")
+    return backends.convert(model_of(name, dtype), "cueq", device)
 
 
 @pytest.mark.parametrize("name", ["tiny", "mp0-medium"])
