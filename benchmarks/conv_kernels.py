@@ -3,13 +3,15 @@
 For each size of rock-salt NaCl and each interaction block of a template model (float32,
 cuEquivariance, the mirrored edges and per-pair radial weights the engine gives the model):
 
-* the block's convolution forward, and forward + backward (what forces need), captured in a
-  CUDA graph and replayed: cuEquivariance's fused convolution (mace's ``conv_fusion`` with a
-  per-pair weight index) and FastMACE's (dynamics/fused_conv.py);
+* the block's convolution forward, and forward + backward (what forces need): the GPU's
+  kernel time per call (profiler) and the wall time per eager call (CUDA events), for
+  cuEquivariance's fused convolution (mace's ``conv_fusion`` with a per-pair weight index)
+  and FastMACE's (dynamics/fused_conv.py);
 * each one's largest error against the same formulas in float64, relative to the largest
   value, for the messages and for the gradients of features, harmonics and weights;
 * then the whole potential (energy and forces; radial tables as the default path has them)
-  with either convolution, captured and replayed, and the forces' difference.
+  with either convolution, captured in a CUDA graph and replayed (ms per evaluation), and the
+  forces' difference.
 
     python benchmarks/conv_kernels.py --atoms 216,1728,13824 --out DIR
 
@@ -46,17 +48,36 @@ from fastmace.dynamics.state import State
 from fastmace.models.load import load
 
 DEVICE = "cuda"
+REPEATS = 20
 
 
-def timed_ms(function: Any) -> float:
-    """ms per call: replayed from a CUDA graph on a GPU, timed eagerly on the CPU (smoke)."""
-    if DEVICE == "cuda":
-        return graph_ms(function)
+def timed_ms(function: Any) -> dict[str, float]:
+    """Median wall ms per call between CUDA events (eager: launches included), and the GPU's
+    busy ms per call from the profiler's kernel times. Not a CUDA graph: gradients of leaves
+    made outside a capture make autograd touch their stream during it."""
     function()
-    started = time.perf_counter()
-    for _ in range(3):
+    if DEVICE != "cuda":  # a smoke test of the script
+        started = time.perf_counter()
         function()
-    return (time.perf_counter() - started) / 3 * 1000
+        return {"wall_ms": (time.perf_counter() - started) * 1000, "kernel_ms": float("nan")}
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(REPEATS):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        stop.record()
+        torch.cuda.synchronize()
+        walls.append(start.elapsed_time(stop))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            function()
+        torch.cuda.synchronize()
+    busy = sum(event.device_time_total for event in prof.events()
+               if event.device_type == torch.autograd.DeviceType.CUDA)  # fmt: skip
+    return {"wall_ms": sorted(walls)[len(walls) // 2], "kernel_ms": busy / 1000 / 5}
 
 
 def relative(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -116,13 +137,13 @@ def time_convolution(convolution: torch.nn.Module, inputs: dict[str, torch.Tenso
             convolution(*args)
 
     def both() -> None:
-        # autograd.grad, not backward: accumulating into the leaves' .grad would make the
-        # capture wait on the stream they were made on.
         torch.autograd.grad(convolution(*args), list(leaves.values()), grad)
 
     out = convolution(*args)
     grads = torch.autograd.grad(out, list(leaves.values()), grad)
-    return {"forward_ms": timed_ms(forward), "ms": timed_ms(both),
+    forward_times, both_times = timed_ms(forward), timed_ms(both)
+    return {"forward_ms": forward_times["kernel_ms"], "ms": both_times["kernel_ms"],
+            "wall_ms": both_times["wall_ms"], "forward_wall_ms": forward_times["wall_ms"],
             "found": [out.detach(), *grads], "grad": grad}  # fmt: skip
 
 
@@ -171,6 +192,7 @@ def convolution_cases(model_name: str, atoms: int, loaded: Any) -> list[dict[str
                 "model": model_name, "atoms": atoms, "path": "convolution",
                 "variant": f"{path}-block{index}", "status": "ok",
                 "ms_per_step": timing["ms"], "forward_ms": timing["forward_ms"],
+                "wall_ms": timing["wall_ms"], "forward_wall_ms": timing["forward_wall_ms"],
                 "edges": int(inputs["edge_index"].shape[1]),
                 "errors_vs_float64": dict(zip(
                     ("messages", "features_grad", "harmonics_grad", "weights_grad"), errors,
@@ -185,7 +207,8 @@ def potential_cases(model_name: str, atoms: int, loaded: Any, state: State,
     found, cases = {}, []
     for path, fused in (("cueq", False), ("fastmace-conv", True)):
         potential = Potential(loaded.module, species, radial_table=True, fused_convolution=fused)
-        ms = timed_ms(lambda potential=potential: potential(state, edges))
+        evaluate = lambda potential=potential: potential(state, edges)  # noqa: E731
+        ms = graph_ms(evaluate) if DEVICE == "cuda" else timed_ms(evaluate)["wall_ms"]
         found[path] = potential(state, edges).forces
         cases.append({"model": model_name, "atoms": atoms, "path": "potential",
                       "variant": f"{path}-table", "status": "ok", "ms_per_step": ms})  # fmt: skip
@@ -222,6 +245,7 @@ def main() -> None:
                 print(f"{case['atoms']:>7} {case['path']:<12} {case['variant']:<22} "
                       f"{case['status']:<6} {case.get('ms_per_step') or 0:9.3f} ms "
                       f"fwd {case.get('forward_ms') or 0:8.3f} "
+                      f"wall {case.get('wall_ms') or 0:8.3f} "
                       f"{json.dumps(case.get('errors_vs_float64') or case.get('forces_vs_cueq'))}",
                       flush=True)  # fmt: skip
         if DEVICE == "cuda":
