@@ -46,6 +46,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 43  # AOT: default path speed; gpu tests
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 46  # own convolution; relax gpu tests
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 47  # AOTInductor's crash, backtraced
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 48  # the crash: which libstdc++
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -621,6 +622,24 @@ sys.exit(main(sys.argv[1:]))" md "/tmp/nacl-$atoms.extxyz" --model template:mp0-
     > "$OUT/aoti_load_47.txt" 2>&1
   echo "load: exit $?"
   grep -v Warn "$OUT/aoti_load_47.txt" | tail -45
+  ;;
+48)
+  # Stage 47's backtrace ends in std::regex inside the package's own library (compiled with
+  # this machine's g++), called from parse_device_str: a libstdc++ other than the compiler's
+  # in the process? Which ones are there, then the load with the compiler's preloaded.
+  export FASTMACE_CACHE=/tmp/fastmace-cache-48 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-48
+  export AOT_PROBE_TEMPLATE=mp0-small
+  g++ --version | head -1
+  compiler_lib=$(g++ -print-file-name=libstdc++.so.6); echo "g++'s libstdc++: $(readlink -f "$compiler_lib")"
+  python3 -c "import torch, cuequivariance_torch, fastmace.dynamics.potential; \
+print('loaded:', sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libstdc++' in l}))"
+  ldconfig -p | grep "libstdc++" | head -3
+  probe=tools/validation/aot_probe2.py
+  timeout 150 python3 "$probe" aoti-build /tmp/c.pt2 2>&1 | grep -E "at |rror" | tail -3
+  LD_PRELOAD="$(readlink -f "$compiler_lib")" timeout 40 python3 "$probe" aoti-load /tmp/c.pt2 \
+    > "$OUT/aoti_load_48.txt" 2>&1
+  echo "load with g++'s libstdc++ preloaded: exit $?"
+  grep -v Warn "$OUT/aoti_load_48.txt" | grep -E "at |differ|rror|ault" | tail -6
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),
