@@ -47,6 +47,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 46  # own convolution; relax gpu tests
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 47  # AOTInductor's crash, backtraced
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 48  # the crash: which libstdc++
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 49  # the crash: std::regex alone
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -640,6 +641,19 @@ print('loaded:', sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libs
     > "$OUT/aoti_load_48.txt" 2>&1
   echo "load with g++'s libstdc++ preloaded: exit $?"
   grep -v Warn "$OUT/aoti_load_48.txt" | grep -E "at |differ|rror|ault" | tail -6
+  ;;
+49)
+  # Stage 48 found one libstdc++ (the compiler's). Does any std::regex built by this g++ crash
+  # in this Python, before and after torch, cuEquivariance and FastMACE are imported?
+  g++ -shared -fPIC -O2 -std=c++17 -o /tmp/regex_probe.so tools/validation/regex_probe.cpp
+  gcc -shared -fPIC -O1 -o /tmp/segv_backtrace.so tools/validation/segv_backtrace.c
+  export LD_PRELOAD=/tmp/segv_backtrace.so
+  python3 -c "import ctypes; print('bare python:', ctypes.CDLL('/tmp/regex_probe.so').probe())" 2>&1 | tail -3
+  python3 -c "import torch, ctypes; print('after torch:', ctypes.CDLL('/tmp/regex_probe.so').probe())" 2>&1 | tail -3
+  python3 -c "import torch, cuequivariance_torch, fastmace.dynamics.potential, ctypes; \
+print('after fastmace:', ctypes.CDLL('/tmp/regex_probe.so').probe())" 2>&1 | grep -v Warn | tail -12
+  unset LD_PRELOAD
+  command -v clang++ || echo "no clang++"
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),
