@@ -1,6 +1,6 @@
 """Shared helpers: a clean environment for child processes, a cache root of the test's own, a
-snapshot of a directory tree, the example structure, rattled copper, run settings and the demo
-model."""
+snapshot of a directory tree, the example structure, rattled copper, run settings, the demo
+model, a stand-in that compiles Triton kernels for Hopper, and the model's mirrored edges."""
 
 from __future__ import annotations
 
@@ -163,3 +163,41 @@ def same_trajectory_atol_A() -> float:
     import torch
 
     return 1e-7 if torch.cuda.is_available() else 1e-9
+
+
+class CompileForHopper:
+    """Stands in for a kernel's launcher: compiles the real kernel for sm_90 with the argument
+    types of the call (Triton's full pipeline down to a cubin, no GPU needed) instead of
+    launching it. The interpreter alone misses errors of Triton's compiler front end."""
+
+    def __init__(self, kernel, compiled: list[str]) -> None:
+        self.kernel, self.compiled = kernel, compiled
+
+    def __getitem__(self, grid):
+        return self.compile
+
+    def compile(self, *args, **constexprs):
+        import torch
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        kinds = {torch.float64: "*fp64", torch.float32: "*fp32", torch.int64: "*i64",
+                 torch.int32: "*i32"}  # fmt: skip
+        names = self.kernel.arg_names
+        signature = {
+            name: kinds[value.dtype] if isinstance(value, torch.Tensor) else "i64"
+            for name, value in zip(names, args, strict=False)
+        }
+        signature.update(dict.fromkeys(constexprs, "constexpr"))
+        source = ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs)
+        assert "cubin" in triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm
+        self.compiled.append(self.kernel.__name__)
+
+
+def model_edges(state, r_max: float):
+    """What the engine gives the model: the list's pairs within the cutoff, mirrored."""
+    from fastmace.dynamics.neighbours import NeighbourList
+
+    neighbours = NeighbourList(state, r_max, 0.5)
+    return neighbours.cutoff_edges(state, neighbours.build(state))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_python
+from conftest import CompileForHopper, run_python
 
 from fastmace.dynamics.dispersion import FUSED_TOLERANCE
 
@@ -108,35 +108,6 @@ def test_on_cuda_a_run_checks_and_takes_the_fused_kernels():
     term = _term("cuda")
     assert term.d3.kernel == "triton", term.kernel_choice
     assert term.kernel_choice.startswith("triton (within ")
-
-
-class CompileForHopper:
-    """Stands in for a kernel's launcher: compiles the real kernel for sm_90 with the argument
-    types of the call (Triton's full pipeline down to a cubin, no GPU needed) instead of
-    launching it. The interpreter alone misses errors of Triton's compiler front end."""
-
-    def __init__(self, kernel, compiled: list[str]) -> None:
-        self.kernel, self.compiled = kernel, compiled
-
-    def __getitem__(self, grid):
-        return self.compile
-
-    def compile(self, *args, **constexprs):
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-
-        kinds = {torch.float64: "*fp64", torch.float32: "*fp32", torch.int64: "*i64",
-                 torch.int32: "*i32"}  # fmt: skip
-        names = self.kernel.arg_names
-        signature = {
-            name: kinds[value.dtype] if isinstance(value, torch.Tensor) else "i64"
-            for name, value in zip(names, args, strict=False)
-        }
-        signature.update(dict.fromkeys(constexprs, "constexpr"))
-        source = ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs)
-        assert "cubin" in triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm
-        self.compiled.append(self.kernel.__name__)
 
 
 def test_the_fused_kernels_compile_for_a_hopper_gpu(monkeypatch):

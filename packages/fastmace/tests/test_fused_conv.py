@@ -14,9 +14,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_python
-from test_dispersion_triton import CompileForHopper
-from test_pair_radials import model_edges
+from conftest import CompileForHopper, model_edges, run_python
 from test_potential import (
     ase_edges,
     assert_matches_reference,

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import model_edges
 from test_potential import (
     ase_edges,
     assert_matches_reference,
@@ -20,8 +21,6 @@ from test_potential import (
     triclinic_mixed,
 )
 
-from fastmace.dynamics.edges import Edges
-from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.pair_radials import (
     PairIndexedConvolution,
     PairSharedRadial,
@@ -33,12 +32,6 @@ from fastmace.models import backends
 from fastmace.models.templates import TEMPLATES, template
 
 STRUCTURES = (copper_supercell, triclinic_mixed, small_cell, cluster)
-
-
-def model_edges(state: State, r_max: float) -> Edges:
-    """What the engine gives the model: the list's pairs within the cutoff, mirrored."""
-    neighbours = NeighbourList(state, r_max, 0.5)
-    return neighbours.cutoff_edges(state, neighbours.build(state))
 
 
 def radial_rows(potential: Potential) -> tuple[list[int], list[torch.utils.hooks.RemovableHandle]]:

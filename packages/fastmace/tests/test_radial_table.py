@@ -12,9 +12,7 @@ from pathlib import Path
 import ase.build
 import pytest
 import torch
-from conftest import run_python
-from test_dispersion_triton import CompileForHopper
-from test_pair_radials import model_edges
+from conftest import CompileForHopper, model_edges, run_python
 from test_potential import (
     assert_matches_reference,
     cluster,
