@@ -142,3 +142,10 @@ def test_npt_holds_the_target_pressure(cell_mode):
     if cell_mode != "full":  # a cubic cell scaled along its axes stays orthorhombic
         off_diagonal = md.state.cell - torch.diag_embed(md.state.cell.diagonal(dim1=1, dim2=2))
         assert float(off_diagonal.abs().max()) < 1e-12
+
+
+def test_every_ensemble_of_the_vocabulary_has_one_integrator():
+    from fastmace.dynamics import ensembles
+    from fastmace.vocabulary import ENSEMBLES
+
+    assert tuple(ensembles._TABLE) == ENSEMBLES

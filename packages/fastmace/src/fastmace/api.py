@@ -39,16 +39,10 @@ def _pressure_GPa(settings: dict[str, Any]) -> float | None:
     return None
 
 
-# fm.md's keywords that force an engine setting: each is the EngineConfig field of that name.
-ENGINE_KEYWORDS = (
-    "backend", "dtype", "block_steps", "skin_A", "graphs", "compile", "matmul_precision",
-    "radial_table", "guard",
-)  # fmt: skip
-
-
 def engine_config(config: EngineConfig | None, **keywords: Any) -> EngineConfig:
-    """The one EngineConfig of a run: ``config`` with fm.md's keywords (``ENGINE_KEYWORDS``)
-    forced on top; a setting forced both ways, to different values, is refused."""
+    """The one EngineConfig of a run: ``config`` with fm.md's keywords that name an
+    EngineConfig field forced on top; a setting forced both ways, to different values, is
+    refused."""
     from fastmace.planner import EngineConfig, GuardConfig
 
     values = config.to_dict() if config is not None else {}
