@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import ase
 import ase.build
@@ -66,6 +67,14 @@ def run_python(
         [sys.executable, *python_options, "-c", code],
         env=env, cwd=cwd, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+
+
+def python_report(code: str, env: dict[str, str]) -> Any:
+    """Run ``code`` in a fresh interpreter (``run_python``), which must succeed, and return the
+    JSON its last line of output holds."""
+    result = run_python(code, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def run_fastmace(

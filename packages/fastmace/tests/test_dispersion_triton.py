@@ -8,12 +8,11 @@ On a GPU the same comparison runs compiled (marked ``gpu``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CompileForHopper, run_python
+from conftest import CompileForHopper, python_report
 
 from fastmace.dynamics.dispersion import FUSED_TOLERANCE
 
@@ -63,9 +62,7 @@ print(json.dumps(report))
 
 
 def compare(env: dict[str, str], device: str) -> dict[str, dict[str, float]]:
-    result = run_python(COMPARE.format(here=str(HERE), device=device), env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return python_report(COMPARE.format(here=str(HERE), device=device), env)
 
 
 def test_the_fused_kernels_match_the_torch_version_in_the_interpreter(clean_env):

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 
 import pytest
 import torch
-from conftest import CompileForHopper, model_edges, run_python
+from conftest import CompileForHopper, model_edges, python_report
 from test_potential import (
     ase_edges,
     assert_matches_reference,
@@ -120,9 +119,7 @@ print(json.dumps(report))
 
 
 def compare(env: dict[str, str], device: str) -> dict[str, list[float]]:
-    result = run_python(COMPARE.format(device=device), env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return python_report(COMPARE.format(device=device), env)
 
 
 def assert_kernels_agree(report: dict[str, list[float]]) -> None:

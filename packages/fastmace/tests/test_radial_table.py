@@ -12,7 +12,7 @@ from pathlib import Path
 import ase.build
 import pytest
 import torch
-from conftest import CompileForHopper, model_edges, run_python
+from conftest import CompileForHopper, model_edges, python_report
 from test_potential import (
     assert_matches_reference,
     cluster,
@@ -199,9 +199,7 @@ print(json.dumps(report))
 
 
 def compare(env: dict[str, str], device: str) -> dict[str, list[float]]:
-    result = run_python(COMPARE.format(device=device), env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return python_report(COMPARE.format(device=device), env)
 
 
 def assert_kernels_agree(report: dict[str, list[float]]) -> None:
