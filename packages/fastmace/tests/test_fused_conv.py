@@ -30,9 +30,10 @@ from fastmace.dynamics.fused_conv import (
     coupling_of,
     fused_convolution_model,
 )
-from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.potential import Potential, UnsupportedModelError
 from fastmace.dynamics.state import State
 from fastmace.models import backends
+from fastmace.models.templates import template
 
 SPECIES = [29, 8, 6, 1]
 
@@ -62,6 +63,11 @@ def test_a_block_in_another_layout_is_refused_with_the_reason():
         fused_convolution_model(model_of("tiny", torch.float64))
 
 
+def test_a_long_range_model_refuses_the_fused_convolution_instead_of_dropping_it():
+    with pytest.raises(UnsupportedModelError, match="leave fused_convolution off"):
+        Potential(template("polar-tiny", dtype=torch.float32), [1, 8], fused_convolution=True)
+
+
 @pytest.mark.parametrize("name", ["tiny", "mp0-medium"])
 def test_a_potential_on_the_fused_convolution_gives_mace_torchs_results(name):
     model = cueq_model(name, torch.float64)
@@ -83,6 +89,7 @@ from fastmace.dynamics.fused_conv import (
     convolve_backward_reference, convolve_reference, coupling_of,
 )
 from fastmace.models import backends
+from fastmace.models.templates import template
 from fastmace.models.templates import template
 
 report = {{}}

@@ -188,8 +188,10 @@ class Potential(torch.nn.Module):
         heads = tuple(getattr(model, "heads", None) or ("Default",))
         self.head = _resolve_head(head, heads)
         self.long_range = is_long_range(model)
-        if self.long_range and (compile or radial_table):
-            setting = "compile" if compile else "radial_table"
+        if self.long_range and (compile or radial_table or fused_convolution):
+            setting = next(name for name, value in (
+                ("compile", compile), ("radial_table", radial_table),
+                ("fused_convolution", fused_convolution)) if value)  # fmt: skip
             raise UnsupportedModelError(
                 f"a {type(model).__name__} runs eagerly and as trained in FastMACE: "
                 f"leave {setting} off"
