@@ -242,7 +242,11 @@ class _Dimensions:
     d2: int
     d3: int
     channels: int
-    paths: int
+    path_sizes: tuple[int, ...]  # the components of each path's output irrep, in order
+
+    @property
+    def paths(self) -> int:
+        return len(self.path_sizes)
 
 
 def _dimensions(block: torch.nn.Module) -> _Dimensions:
@@ -260,11 +264,12 @@ def _dimensions(block: torch.nn.Module) -> _Dimensions:
     if len(multiplicities) != 1 or any(mul != 1 for mul, _ in harmonics):
         raise ConvolutionError(
             f"{type(block).__name__}: the kernel needs one multiplicity for every irrep of "
-            f"the features and messages ({first} -> {middle}) and harmonics of multiplicity 1"
+            f"the features and messages ({first} -> {middle}) and harmonics of multiplicity "
+            "1: leave fused_convolution off for this model"
         )
     channels = multiplicities.pop()
     return _Dimensions(first.dim // channels, harmonics.dim, middle.dim // channels, channels,
-                       len(middle))  # fmt: skip
+                       tuple(ir.dim for _, ir in middle))  # fmt: skip
 
 
 def _dtype_device(block: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
@@ -300,11 +305,6 @@ def coupling_of(block: torch.nn.Module) -> Coupling:
     irrep's position in the block's message irreps (mace sorts its paths by output).
     """
     sizes = _dimensions(block)
-    from mace.modules.irreps_tools import tp_out_irreps_with_instructions
-
-    middle, _ = tp_out_irreps_with_instructions(
-        block.edge_irreps, block.edge_attrs_irreps, block.target_irreps
-    )
     dtype, device = _dtype_device(block)
     d1, d2, c = sizes.d1, sizes.d2, sizes.channels
     probes = d1 * d2
@@ -319,9 +319,7 @@ def coupling_of(block: torch.nn.Module) -> Coupling:
         out = _module_messages(block, nodes, harmonics, weights,
                                torch.stack([sender, receiver]))  # fmt: skip
     coefficients = out[d1:].reshape(d1, d2, sizes.d3, c)[..., 0]
-    path_of = torch.cat([
-        torch.full((ir.dim,), index, dtype=torch.int64) for index, (_, ir) in enumerate(middle)
-    ])  # fmt: skip
+    path_of = torch.repeat_interleave(torch.tensor(sizes.path_sizes))
     return Coupling(coefficients.double().cpu().contiguous(), path_of, c)
 
 
@@ -375,7 +373,9 @@ def fused_convolution_model(
         if not disagreement <= bound:
             raise ConvolutionError(
                 f"interaction block {index}: the kernel's formulas differ from the block's own "
-                f"convolution by {disagreement:.2e} (relative), more than {bound:.0e}"
+                f"convolution by {disagreement:.2e} (relative), more than {bound:.0e}; the "
+                "kernel reads cuEquivariance's feature layout: convert the model with "
+                "backend='cueq', or leave fused_convolution off"
             )
         block = shallow_copy(original)
         block.conv_tp = FusedConvolution(coupling, dtype, device, skip)
