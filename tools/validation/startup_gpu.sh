@@ -48,6 +48,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 47  # AOTInductor's crash, backtraced
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 48  # the crash: which libstdc++
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 49  # the crash: std::regex alone
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 50  # regex probe; edges in chunks, 1M atoms
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -654,6 +655,22 @@ print('loaded:', sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libs
 print('after fastmace:', ctypes.CDLL('/tmp/regex_probe.so').probe())" 2>&1 | grep -v Warn | tail -12
   unset LD_PRELOAD
   command -v clang++ || echo "no clang++"
+  ;;
+50)
+  # Stage 49's std::regex probe; then issue 31's chunked edges: their GPU test (cuEq's fused
+  # convolution in chunks against whole) and the largest cells, memory and speed.
+  g++ -shared -fPIC -O2 -std=c++17 -o /tmp/regex_probe.so tools/validation/regex_probe.cpp
+  for imports in "" "torch, " "torch, cuequivariance_torch, fastmace.dynamics.potential, "; do
+    timeout 60 python3 -c "import ${imports}ctypes; print('after [${imports}]:', \
+ctypes.CDLL('/tmp/regex_probe.so').probe())" 2>&1 | grep -v Warn | tail -3
+  done
+  command -v clang++ || echo "no clang++"
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_edge_chunks.py" \
+    > "$OUT/gpu_tests_50.txt" 2>&1
+  echo "edge-chunk gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_50.txt"))"
+  grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_50.txt" | head
+  timeout ${LARGE_TIMEOUT:-330} python3 benchmarks/large_cells.py --atoms "${LARGE_ATOMS:-157464,1000000}" \
+    --variants "${LARGE_VARIANTS:-default}" --out "$OUT/large" 2>&1 | grep -v Warn | tail -12
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),

@@ -268,6 +268,15 @@ def run_metadata(
     }
 
 
+def edge_chunking_record(potential: Any) -> dict[str, Any] | None:
+    """How many edges an evaluation took at once, why, and how many evaluations needed
+    chunks (dynamics/edge_chunks.py); None when every evaluation took all its edges."""
+    chosen = potential.edge_chunking
+    if chosen is None:
+        return None
+    return {"rows": chosen.rows, "reason": chosen.reason, "chunked_calls": potential.chunked_calls}
+
+
 def engine_record(simulation: Simulation) -> dict[str, Any]:
     """``metadata.json``'s ``engine``: what the engine, the list and the model actually used."""
     engine = simulation.engine
@@ -285,6 +294,7 @@ def engine_record(simulation: Simulation) -> dict[str, Any]:
             dataclasses.asdict(report) if (report := simulation.potential.table_report) else None
         ),
         "radial_table_failure": simulation.potential.table_failure,
+        "edge_chunking": edge_chunking_record(simulation.potential),
         "skin_A": neighbours.skin,
         "headroom": neighbours.headroom,
         "edge_capacity": neighbours.capacity,
@@ -443,6 +453,9 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         )
     elif simulation.potential.table_failure:
         graphs += f", radial MLPs (tables not built: {simulation.potential.table_failure})"
+    if simulation.potential.chunked_calls:
+        rows = simulation.potential.edge_chunk_rows
+        graphs += f", edges worked through in chunks of {rows} rows (uncompiled)"
     launch = f"{simulation.block_steps} steps per launch"
     planned = simulation.engine_settings.block_steps
     if planned != simulation.block_steps:

@@ -130,6 +130,7 @@ class Relaxation:
             matmul_precision=self.engine_settings.matmul_precision,
             radial_table=self.engine_settings.radial_table,
             radial_table_fallback=self.engine_settings.radial_table_fallback,
+            edge_chunk_rows=self.engine_settings.edge_chunk_rows,
         )
         engine = self.engine_settings
         neighbours = NeighbourList(

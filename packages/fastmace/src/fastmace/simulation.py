@@ -136,6 +136,7 @@ class Simulation:
             matmul_precision=self.engine_settings.matmul_precision,
             radial_table=self.engine_settings.radial_table,
             radial_table_fallback=self.engine_settings.radial_table_fallback,
+            edge_chunk_rows=self.engine_settings.edge_chunk_rows,
         )
         setup_parts["setup_potential_s"] = time.perf_counter() - tick
         restart = None

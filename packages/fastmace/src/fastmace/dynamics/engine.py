@@ -332,6 +332,9 @@ class Engine:
             copy_into(self.md, self._advance(self.md, steps, long_search))
 
     def _capture(self, long_search: bool) -> None:
+        # The eager warm-up's memory, cached by the allocator, is of no use to the graph's
+        # private pool: handed back first, a run does not hold one evaluation's memory twice.
+        torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         for generator in self._generators():
             graph.register_generator_state(generator)

@@ -98,10 +98,7 @@ def pair_shared_model(model: torch.nn.Module) -> torch.nn.Module | None:
     """
     interactions = getattr(model, "interactions", None)
     embedding = getattr(model, "radial_embedding", None)
-    if interactions is None or embedding is None:
-        return None
-    transform = getattr(embedding, "distance_transform", None)
-    if transform is not None and type(transform).__name__ not in SYMMETRIC_TRANSFORMS:
+    if interactions is None or embedding is None or not has_symmetric_radials(model):
         return None
     eligible = [
         index
@@ -120,7 +117,7 @@ def pair_shared_model(model: torch.nn.Module) -> torch.nn.Module | None:
         original = interactions[index]
         block = shallow_copy(original)
         ours = isinstance(original.conv_tp, FusedConvolution)  # reads row e mod rows itself
-        indexed = cutoff_inside and (ours or _is_fused_cueq_convolution(original))
+        indexed = cutoff_inside and (ours or is_fused_cueq_convolution(original))
         block.conv_tp_weights = PairSharedRadial(original.conv_tp_weights, not indexed)
         if indexed and not ours:
             block.conv_tp = PairIndexedConvolution(original.conv_tp)
@@ -128,7 +125,15 @@ def pair_shared_model(model: torch.nn.Module) -> torch.nn.Module | None:
     return shared
 
 
-def _is_fused_cueq_convolution(block: torch.nn.Module) -> bool:
+def has_symmetric_radials(model: torch.nn.Module) -> bool:
+    """Whether the model's radial features treat a pair's two elements alike (no distance
+    transform, or a symmetric one): then a pair's two edges have the same features."""
+    embedding = getattr(model, "radial_embedding", None)
+    transform = getattr(embedding, "distance_transform", None)
+    return transform is None or type(transform).__name__ in SYMMETRIC_TRANSFORMS
+
+
+def is_fused_cueq_convolution(block: torch.nn.Module) -> bool:
     """Whether the block's convolution is mace's fused cuEquivariance one (indexable)."""
     convolution = getattr(block, "conv_tp", None)
     kind = type(convolution)

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from fastmace.charges import DEFAULT_CHARGE, DEFAULT_SPIN_MULTIPLICITY
+from fastmace.dynamics.edge_chunks import bytes_per_row, chunked_model, chunking_refusal
 from fastmace.dynamics.edges import (
     Edges,
     edge_vectors,
@@ -48,6 +49,7 @@ from fastmace.dynamics.edges import (
 )
 from fastmace.dynamics.fused_conv import fused_convolution_model
 from fastmace.dynamics.module_copy import weight_sharing_copy
+from fastmace.dynamics.overflow import available_memory_bytes
 from fastmace.dynamics.pair_radials import pair_shared_model
 from fastmace.dynamics.polar import (
     LONG_RANGE_MODEL_TYPES,
@@ -67,6 +69,7 @@ from fastmace.dynamics.state import State
 from fastmace.models.backends import rounding_tolerances
 from fastmace.models.checkpoint import contained, default_dtype, model_device, model_dtype
 from fastmace.models.reference import check_structure
+from fastmace.planner.edge_memory import EdgeChunking, edge_chunking
 from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS
 
 if TYPE_CHECKING:
@@ -156,6 +159,15 @@ class Potential(torch.nn.Module):
             ``ConvolutionError`` for a block it does not compute (it needs a cuEquivariance
             model, whose features' layout is the kernel's). Under evaluation: the planner does
             not choose it yet (docs/validation/performance.md).
+        edge_chunk_rows: when the edges (or, with mirrored edges, the pairs) outnumber it,
+            each interaction block works through them this many at a time
+            (dynamics/edge_chunks.py), so that memory grows with the atoms and not with a full
+            set of per-edge intermediates; the backward pass evaluates each chunk again. None
+            (default): never; a number: that many (raises ``ChunkingError`` for a model whose
+            blocks cannot be chunked; not with ``compile``); "auto": on CUDA, as many as fit
+            in a share of the memory free now (fastmace.planner.edge_memory), for a model
+            that can be chunked, and an evaluation that needs chunks runs uncompiled.
+            ``edge_chunking`` says what was chosen and why.
 
     ``first_compiled_call_s`` holds the seconds of the first compiled call (its compilation
     included) once it has run: what the next plan for this model expects compilation to cost.
@@ -173,6 +185,7 @@ class Potential(torch.nn.Module):
         radial_table: bool = False,
         radial_table_fallback: bool = False,
         fused_convolution: bool = False,
+        edge_chunk_rows: int | str | None = None,
     ) -> None:
         super().__init__()
         _check_model(model)
@@ -188,10 +201,25 @@ class Potential(torch.nn.Module):
         heads = tuple(getattr(model, "heads", None) or ("Default",))
         self.head = _resolve_head(head, heads)
         self.long_range = is_long_range(model)
-        if self.long_range and (compile or radial_table or fused_convolution):
+        if edge_chunk_rows not in (None, "auto") and not (
+            isinstance(edge_chunk_rows, int) and edge_chunk_rows >= 1
+        ):
+            raise ValueError(
+                f"edge_chunk_rows={edge_chunk_rows!r}: give a positive number of rows, 'auto' "
+                "or None"
+            )
+        if compile and isinstance(edge_chunk_rows, int):
+            raise ValueError(
+                "a potential that works through its edges in chunks runs uncompiled: leave "
+                "compile off, or edge_chunk_rows None"
+            )
+        if self.long_range and (
+            compile or radial_table or fused_convolution or isinstance(edge_chunk_rows, int)
+        ):
             setting = next(name for name, value in (
                 ("compile", compile), ("radial_table", radial_table),
-                ("fused_convolution", fused_convolution)) if value)  # fmt: skip
+                ("fused_convolution", fused_convolution),
+                ("edge_chunk_rows", isinstance(edge_chunk_rows, int))) if value)  # fmt: skip
             raise UnsupportedModelError(
                 f"a {type(model).__name__} runs eagerly and as trained in FastMACE: "
                 f"leave {setting} off"
@@ -213,6 +241,16 @@ class Potential(torch.nn.Module):
             # The same weights with the radial MLPs run once per pair, for mirrored edges
             # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
             self.pair_model = pair_shared_model(self.model)
+        self.edge_chunking = self._edge_chunking(edge_chunk_rows, model_device(model))
+        self.edge_chunk_rows = None if self.edge_chunking is None else self.edge_chunking.rows
+        self.chunked_model = self.chunked_pair_model = None
+        self.chunked_calls = 0  # evaluations that needed chunks
+        if self.edge_chunk_rows is not None:
+            self.chunked_model = chunked_model(self.model, self.edge_chunk_rows, pairs=False)
+            if self.pair_model is not None:
+                self.chunked_pair_model = chunked_model(
+                    self.model, self.edge_chunk_rows, pairs=True
+                )
         self.compiled = bool(compile)
         self.compile_fallback = bool(compile_fallback)
         self.compile_failure: str | None = None  # why compilation was given up, if it was
@@ -251,6 +289,7 @@ class Potential(torch.nn.Module):
         matmul_precision: str = DEFAULT_MATMUL_PRECISION,
         radial_table: bool = False,
         radial_table_fallback: bool = False,
+        edge_chunk_rows: int | None = None,
     ) -> Potential:
         """The potential of an ``fm.load`` result: its converted module and its head."""
         return cls(
@@ -262,6 +301,7 @@ class Potential(torch.nn.Module):
             matmul_precision=matmul_precision,
             radial_table=radial_table,
             radial_table_fallback=radial_table_fallback,
+            edge_chunk_rows=edge_chunk_rows,
         )
 
     def check_species(self, species: Iterable[int] | torch.Tensor) -> None:
@@ -307,14 +347,15 @@ class Potential(torch.nn.Module):
         """
         if not self.compiled:
             return self._evaluate(state, edges, compute_stress, charge, spin)
-        started = time.perf_counter()
+        started, chunked_before = time.perf_counter(), self.chunked_calls
         try:
             if self.ahead_of_time:
                 output = self._aot_call(state, edges, compute_stress)
             else:
                 with _compile_settings():
                     output = self._evaluate(state, edges, compute_stress, charge, spin)
-            if self.first_compiled_call_s is None:
+            # An evaluation in chunks runs uncompiled: its time says nothing of compilation.
+            if self.first_compiled_call_s is None and self.chunked_calls == chunked_before:
                 self.first_compiled_call_s = time.perf_counter() - started
             return output
         except ModelCompileError as error:
@@ -330,6 +371,18 @@ class Potential(torch.nn.Module):
                 stacklevel=2,
             )
             return self._evaluate(state, edges, compute_stress, charge, spin)
+
+    def _edge_chunking(
+        self, setting: int | str | None, device: torch.device
+    ) -> EdgeChunking | None:
+        """The rows an evaluation takes at once (None: all), from ``edge_chunk_rows``."""
+        if setting is None or self.long_range:
+            return None
+        if isinstance(setting, int):
+            return EdgeChunking(rows=setting, reason=f"asked: edge_chunk_rows={setting}")
+        if device.type != "cuda" or chunking_refusal(self.model) is not None:
+            return None
+        return edge_chunking(available_memory_bytes(device), bytes_per_row(self.model))
 
     def _tabulate(self, fallback: bool) -> None:
         """``model`` with its radial weights read from tables; with ``fallback``, a model
@@ -392,7 +445,7 @@ class Potential(torch.nn.Module):
                 _matmul_precision(self.matmul_precision),
             ):
                 if call is None:
-                    call = self._model_call(edges.mirrored)
+                    call = self._model_call(edges.mirrored, graph.data["edge_index"].shape[1])
                 output = call(graph.data, training=False, compute_force=False)
             if self.long_range:
                 # The total per system: the node energies leave out the electrostatic and
@@ -426,10 +479,18 @@ class Potential(torch.nn.Module):
             energy=energy.detach(), forces=forces, virial=-energy_strain_derivative, stress=stress
         )
 
-    def _model_call(self, mirrored: bool) -> Callable[..., dict[str, torch.Tensor]]:
+    def _model_call(
+        self, mirrored: bool, edges: int | None = None
+    ) -> Callable[..., dict[str, torch.Tensor]]:
         """The model for these edges: radial weights once per pair when they are mirrored
-        and the model allows it; through torch.compile when asked."""
+        and the model allows it; in chunks when they are more than ``edge_chunk_rows``;
+        through torch.compile when asked."""
         shared = mirrored and self.pair_model is not None
+        if self.edge_chunk_rows is not None and edges is not None:
+            rows = edges // 2 if shared else edges
+            if rows > self.edge_chunk_rows:
+                self.chunked_calls += 1
+                return self.chunked_pair_model if shared else self.chunked_model
         if not self.compiled or self.ahead_of_time:
             return self.pair_model if shared else self.model
         if shared not in self._compiled_calls:

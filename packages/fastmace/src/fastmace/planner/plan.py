@@ -115,6 +115,9 @@ class EngineSettings:
     instead of stopping: for tables the planner chose, not the user."""
     guard: GuardConfig = field(default_factory=GuardConfig)
     """The physical bounds the engine checks every block (fastmace.dynamics.guard)."""
+    edge_chunk_rows: int | str | None = "auto"
+    """Edges (or mirrored pairs) one evaluation takes at once: "auto" (on CUDA, what fits in a
+    share of the memory free at set-up, fastmace.planner.edge_memory), a number, or None (all)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.guard, GuardConfig):
@@ -138,6 +141,11 @@ class EngineSettings:
             raise ValueError(f"edge_capacity must be >= 1 or None, got {self.edge_capacity}")
         if not self.headroom >= 1:
             raise ValueError(f"headroom must be >= 1, got {self.headroom}")
+        rows = self.edge_chunk_rows
+        if rows not in (None, "auto") and (
+            isinstance(rows, bool) or not isinstance(rows, int) or rows < 1
+        ):
+            raise ValueError(f"edge_chunk_rows must be a number >= 1, 'auto' or None, got {rows!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Every field: JSON-serialisable."""

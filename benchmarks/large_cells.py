@@ -1,0 +1,139 @@
+"""The largest cells: memory, speed and set-up of the engine from 157,464 to 1,000,000 atoms.
+
+Each case runs the engine as ``fm.md`` plans it with no options (MP-0-medium template, cuEq,
+float32, NaCl rattled, Langevin at 300 K), with short blocks so that a million atoms fits the
+device's command limit: an eager block, the captured block, then timed blocks. Compilation is
+left off (a chunked evaluation runs uncompiled anyway). Variant "default" lets the set-up
+choose the chunks from free memory (docs/md.md#how-big-a-run-fits); "unchunked" forces every
+evaluation whole, as before. Each case records ``peak_gib`` (torch's peak allocation),
+``reserved_gib`` (what the allocator held), ``setup_s`` (structure on the device to the
+first forces), ``ms_per_step`` and what the chunking chose, in the ``cases`` list that
+benchmarks/scale_targets.py reads.
+
+    python benchmarks/large_cells.py --atoms 157464,1000000 --out $OUT/large
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import gc
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from md_speed import FRICTION_PER_PS, SEED, TEMPERATURE_K, TIMESTEP_FS, nacl
+
+from fastmace.api import _model_facts
+from fastmace.dynamics.ensembles import ensemble
+from fastmace.io import OutputSchedule
+from fastmace.machine import probe_availabilities
+from fastmace.models.load import load
+from fastmace.planner import EngineConfig, Workload, make_plan
+from fastmace.simulation import RunSettings, Simulation
+
+MODEL = "mp0-medium"
+
+
+@functools.cache
+def loaded_model(backend: str):
+    """The template on the plan's backend, loaded once for every case."""
+    return load(f"template:{MODEL}", backend=backend, device="cuda", dtype="float32", seed=SEED)
+
+
+def run_case(atoms: int, variant: str, block_steps: int, timed_blocks: int) -> dict:
+    structure = nacl(atoms)
+    workload = Workload.from_structures(
+        [structure], ensemble="nvt", temperature_K=TEMPERATURE_K, steps=10_000,
+        timestep_fs=TIMESTEP_FS, device="cuda", precision="float32",
+    )  # fmt: skip
+    first = make_plan(workload, EngineConfig(), probe_availabilities())
+    loaded = loaded_model(first.backend)
+    plan = make_plan(_model_facts(loaded, first), first.config, first.availabilities)
+    engine = dataclasses.replace(
+        plan.engine_settings(), block_steps=block_steps, compile=False,
+        edge_chunk_rows="auto" if variant == "default" else None,
+    )  # fmt: skip
+    settings = RunSettings(
+        ensemble=ensemble("nvt", temperature_K=TEMPERATURE_K, friction_per_ps=FRICTION_PER_PS),
+        steps=block_steps * (2 + timed_blocks), timestep_fs=TIMESTEP_FS, seed=SEED,
+        schedule=OutputSchedule(0, 0, 0), initial_temperature_K=TEMPERATURE_K,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    tick = time.perf_counter()
+    simulation = Simulation(loaded, [structure], settings, engine=engine, progress=io.StringIO())
+    setup_s = time.perf_counter() - tick
+    blocks: list[float] = []
+    run_block = simulation.engine.run_block
+
+    def timed(steps: int | None = None):
+        tick = time.perf_counter()
+        report = run_block(steps)
+        blocks.append(time.perf_counter() - tick)
+        return report
+
+    simulation.engine.run_block = timed  # type: ignore[method-assign]
+    simulation.run()
+    steady = blocks[2:]
+    potential = simulation.potential
+    chunking = potential.edge_chunking
+    return {
+        "model": MODEL, "atoms": atoms, "path": "fastmace", "variant": variant, "status": "ok",
+        "ms_per_step": 1000 * sum(steady) / (block_steps * len(steady)),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+        "setup_s": setup_s,
+        "setup_parts": {k: v for k, v in simulation.timings.items() if k.startswith("setup")},
+        "block_s": blocks, "block_steps": block_steps,
+        "edge_chunk_rows": None if chunking is None else chunking.rows,
+        "edge_chunk_reason": None if chunking is None else chunking.reason,
+        "chunked_calls": potential.chunked_calls,
+        "model_edge_capacity": simulation.neighbours.cutoff_capacity,
+        "edge_capacity": simulation.neighbours.capacity,
+        "radial_table": potential.table_report is not None,
+        "captured": simulation.engine.capture,
+    }  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--atoms", default="157464,512000,1000000")
+    parser.add_argument("--variants", default="default")
+    parser.add_argument("--block-steps", type=int, default=5)
+    parser.add_argument("--timed-blocks", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cases = []
+    for atoms in (int(a) for a in args.atoms.split(",")):
+        for variant in args.variants.split(","):
+            tick = time.perf_counter()
+            try:
+                case = run_case(atoms, variant, args.block_steps, args.timed_blocks)
+            except torch.cuda.OutOfMemoryError as error:
+                case = {"model": MODEL, "atoms": atoms, "path": "fastmace", "variant": variant,
+                        "status": "oom", "error": str(error)[:400],
+                        "peak_gib": torch.cuda.max_memory_allocated() / 2**30}  # fmt: skip
+            except Exception as error:  # recorded, and the next case still runs
+                case = {"model": MODEL, "atoms": atoms, "path": "fastmace", "variant": variant,
+                        "status": "failed", "error": f"{type(error).__name__}: {error}"[:600]}  # fmt: skip
+            case["wall_s"] = time.perf_counter() - tick
+            cases.append(case)
+            gc.collect()  # the finished case's graphs and their memory pools
+            shown = {k: v for k, v in case.items() if k not in ("setup_parts", "edge_chunk_reason")}
+            print(json.dumps(shown), flush=True)
+            (args.out / "large_cells.json").write_text(
+                json.dumps({"gpu": torch.cuda.get_device_name(), "cases": cases}, indent=1)
+            )
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
