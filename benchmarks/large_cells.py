@@ -114,15 +114,15 @@ def main() -> int:
     for atoms in (int(a) for a in args.atoms.split(",")):
         for variant in args.variants.split(","):
             tick = time.perf_counter()
+            head = {"model": MODEL, "atoms": atoms, "path": "fastmace", "variant": variant}
             try:
                 case = run_case(atoms, variant, args.block_steps, args.timed_blocks)
             except torch.cuda.OutOfMemoryError as error:
-                case = {"model": MODEL, "atoms": atoms, "path": "fastmace", "variant": variant,
-                        "status": "oom", "error": str(error)[:400],
-                        "peak_gib": torch.cuda.max_memory_allocated() / 2**30}  # fmt: skip
+                peak = torch.cuda.max_memory_allocated() / 2**30
+                case = {**head, "status": "oom", "error": str(error)[:400], "peak_gib": peak}
             except Exception as error:  # recorded, and the next case still runs
-                case = {"model": MODEL, "atoms": atoms, "path": "fastmace", "variant": variant,
-                        "status": "failed", "error": f"{type(error).__name__}: {error}"[:600]}  # fmt: skip
+                message = f"{type(error).__name__}: {error}"[:600]
+                case = {**head, "status": "failed", "error": message}
             case["wall_s"] = time.perf_counter() - tick
             cases.append(case)
             gc.collect()  # the finished case's graphs and their memory pools
