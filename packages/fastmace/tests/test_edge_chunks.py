@@ -149,6 +149,10 @@ def test_the_rule_fits_the_rows_in_its_share_of_free_memory():
     assert edge_chunking(2**20, row).rows == MIN_CHUNK_ROWS  # never absurdly small chunks
     with pytest.raises(ValueError, match="positive"):
         edge_chunking(0, row)
+    # Rows x weights stay addressable with 32-bit offsets: 1,280 weights per row in MP-0's
+    # second block allow 1,677,721 rows, fewer than a quarter of 139 GiB would.
+    capped = edge_chunking(139 * 2**30, row, widest_row=1280)
+    assert capped.rows == (2**31 - 1) // 1280 and "32-bit offsets" in capped.reason
 
 
 def test_a_row_counts_every_blocks_radial_weights_three_times():

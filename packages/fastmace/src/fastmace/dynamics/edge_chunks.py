@@ -328,6 +328,11 @@ def bytes_per_row(model: torch.nn.Module) -> int:
     return ROW_COPIES * itemsize * sum(widths)
 
 
+def widest_row(model: torch.nn.Module) -> int:
+    """The most radial weights one row gets in any interaction block."""
+    return max(_radial_width(block.conv_tp_weights) for block in model.interactions)
+
+
 def _radial_width(radial: torch.nn.Module) -> int:
     """The number of weights a radial function gives per edge (MLP or table)."""
     coefficients = getattr(radial, "coefficients", None)

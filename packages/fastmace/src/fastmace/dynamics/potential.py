@@ -39,7 +39,12 @@ import numpy as np
 import torch
 
 from fastmace.charges import DEFAULT_CHARGE, DEFAULT_SPIN_MULTIPLICITY
-from fastmace.dynamics.edge_chunks import bytes_per_row, chunked_model, chunking_refusal
+from fastmace.dynamics.edge_chunks import (
+    bytes_per_row,
+    chunked_model,
+    chunking_refusal,
+    widest_row,
+)
 from fastmace.dynamics.edges import (
     Edges,
     edge_vectors,
@@ -382,7 +387,8 @@ class Potential(torch.nn.Module):
             return EdgeChunking(rows=setting, reason=f"asked: edge_chunk_rows={setting}")
         if device.type != "cuda" or chunking_refusal(self.model) is not None:
             return None
-        return edge_chunking(available_memory_bytes(device), bytes_per_row(self.model))
+        free = available_memory_bytes(device)
+        return edge_chunking(free, bytes_per_row(self.model), widest_row(self.model))
 
     def _tabulate(self, fallback: bool) -> None:
         """``model`` with its radial weights read from tables; with ``fallback``, a model

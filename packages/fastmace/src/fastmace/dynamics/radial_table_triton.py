@@ -28,7 +28,8 @@ def _interval(lengths, pair, valid, inverse_spacing, intervals):
 @triton.jit
 def _lookup(lengths, coefficients, out, pairs, width, inverse_spacing, intervals,
             PAIRS: tl.constexpr, COLUMNS: tl.constexpr):  # fmt: skip
-    pair = tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)
+    # 64-bit: pair * width passes 2^31 beyond 1.6 million pairs of 1,280 weights.
+    pair = (tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)).to(tl.int64)
     column = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
     valid = pair < pairs
     k, t, inside = _interval(lengths, pair, valid, inverse_spacing, intervals)
@@ -46,7 +47,8 @@ def _lookup(lengths, coefficients, out, pairs, width, inverse_spacing, intervals
 @triton.jit
 def _lookup_backward(grad, lengths, coefficients, out, pairs, width, inverse_spacing,
                      intervals, PAIRS: tl.constexpr, COLUMNS: tl.constexpr):  # fmt: skip
-    pair = tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)
+    # 64-bit: pair * width passes 2^31 beyond 1.6 million pairs of 1,280 weights.
+    pair = (tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)).to(tl.int64)
     valid = pair < pairs
     k, t, inside = _interval(lengths, pair, valid, inverse_spacing, intervals)
     t = t[:, None]
