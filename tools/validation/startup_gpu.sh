@@ -659,6 +659,7 @@ print('after fastmace:', ctypes.CDLL('/tmp/regex_probe.so').probe())" 2>&1 | gre
 50)
   # Stage 49's std::regex probe; then issue 31's chunked edges: their GPU test (cuEq's fused
   # convolution in chunks against whole) and the largest cells, memory and speed.
+  if [ -z "${LARGE_ONLY:-}" ]; then  # LARGE_ONLY=1: the largest cells alone
   g++ -shared -fPIC -O2 -std=c++17 -o /tmp/regex_probe.so tools/validation/regex_probe.cpp
   for imports in "" "torch, " "torch, cuequivariance_torch, fastmace.dynamics.potential, "; do
     timeout 60 python3 -c "import ${imports}ctypes; print('after [${imports}]:', \
@@ -669,6 +670,7 @@ ctypes.CDLL('/tmp/regex_probe.so').probe())" 2>&1 | grep -v Warn | tail -3
     > "$OUT/gpu_tests_50.txt" 2>&1
   echo "edge-chunk gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_50.txt"))"
   grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_50.txt" | head
+  fi
   timeout ${LARGE_TIMEOUT:-330} python3 benchmarks/large_cells.py --atoms "${LARGE_ATOMS:-157464,1000000}" \
     --variants "${LARGE_VARIANTS:-default}" --out "$OUT/large" 2>&1 | grep -v Warn | tail -12
   ;;
