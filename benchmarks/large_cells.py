@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 from md_speed import FRICTION_PER_PS, SEED, TEMPERATURE_K, TIMESTEP_FS, nacl
 
-from fastmace.api import _model_facts
+from fastmace.api import _model_facts, _planned_environment
 from fastmace.dynamics.ensembles import ensemble
 from fastmace.io import OutputSchedule
 from fastmace.machine import probe_availabilities
 from fastmace.models.load import load
-from fastmace.planner import EngineConfig, Workload, make_plan
+from fastmace.planner import EngineConfig, Plan, Workload, make_plan
 from fastmace.simulation import RunSettings, Simulation
 
 MODEL = "mp0-medium"
@@ -45,13 +45,18 @@ def loaded_model(backend: str):
     return load(f"template:{MODEL}", backend=backend, device="cuda", dtype="float32", seed=SEED)
 
 
-def run_case(atoms: int, variant: str, block_steps: int, timed_blocks: int) -> dict:
-    structure = nacl(atoms)
+def first_plan(structure) -> Plan:
+    """fm.md's plan with no options for a 10,000-step Langevin run, before the model loads."""
     workload = Workload.from_structures(
         [structure], ensemble="nvt", temperature_K=TEMPERATURE_K, steps=10_000,
         timestep_fs=TIMESTEP_FS, device="cuda", precision="float32",
     )  # fmt: skip
-    first = make_plan(workload, EngineConfig(), probe_availabilities())
+    return make_plan(workload, EngineConfig(), probe_availabilities())
+
+
+def run_case(atoms: int, variant: str, block_steps: int, timed_blocks: int) -> dict:
+    structure = nacl(atoms)
+    first = first_plan(structure)
     loaded = loaded_model(first.backend)
     plan = make_plan(_model_facts(loaded, first), first.config, first.availabilities)
     engine = dataclasses.replace(
@@ -110,8 +115,16 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    sizes = [int(a) for a in args.atoms.split(",")]
+    # fm.md's environment (the allocator's expandable segments, cuEquivariance's kernel
+    # choice), set before CUDA starts, as fm.md sets it.
+    with _planned_environment(first_plan(nacl(sizes[0]))):
+        return run_cases(args, sizes)
+
+
+def run_cases(args: argparse.Namespace, sizes: list[int]) -> int:
     cases = []
-    for atoms in (int(a) for a in args.atoms.split(",")):
+    for atoms in sizes:
         for variant in args.variants.split(","):
             tick = time.perf_counter()
             head = {"model": MODEL, "atoms": atoms, "path": "fastmace", "variant": variant}
