@@ -107,6 +107,16 @@ def test_a_model_in_chunks_gives_the_whole_evaluation(name, backend, option):
     assert chunked.chunked_calls == 2
 
 
+def test_chunks_are_as_few_as_the_limit_allows_and_nearly_equal():
+    from fastmace.dynamics.edge_chunks import ChunkedConvolution
+
+    chunks = ChunkedConvolution(torch.nn.Identity(), torch.nn.Identity(), GATHERED, 40, True)
+    assert list(chunks.chunks(2 * 100)) == [(0, 34), (34, 68), (68, 100)]
+    assert list(chunks.chunks(2 * 40)) == [(0, 40)]
+    plain = ChunkedConvolution(torch.nn.Identity(), torch.nn.Identity(), GATHERED, 40, False)
+    assert list(plain.chunks(81)) == [(0, 27), (27, 54), (54, 81)]
+
+
 def test_edges_within_the_limit_are_evaluated_whole():
     state = State.from_atoms([copper_supercell()])
     chunked = Potential(demo_module(), [29], edge_chunk_rows=10**6)

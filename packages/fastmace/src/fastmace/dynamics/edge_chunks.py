@@ -96,10 +96,14 @@ class ChunkedConvolution(torch.nn.Module):
         return _ChunkedMessages.apply(self, node_feats, edge_attrs, edge_feats, edge_index)
 
     def chunks(self, edges: int) -> Iterator[tuple[int, int]]:
-        """The row ranges [start, stop) that make up ``edges`` edges."""
+        """The row ranges [start, stop) that make up ``edges`` edges: as few as
+        ``chunk_rows`` allows, of (nearly) equal size, so that no small last chunk costs a
+        launch of every kernel for little work."""
         rows = edges // 2 if self.pairs else edges
-        for start in range(0, rows, self.chunk_rows):
-            yield start, min(start + self.chunk_rows, rows)
+        count = -(-rows // self.chunk_rows)
+        size = -(-rows // max(count, 1))
+        for start in range(0, rows, size):
+            yield start, min(start + size, rows)
 
     def slots(self, tensor: torch.Tensor, start: int, stop: int, dim: int = 0) -> torch.Tensor:
         """The chunk's edge slots of ``tensor``: rows start..stop, and with ``pairs`` their
