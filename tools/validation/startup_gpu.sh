@@ -49,6 +49,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 48  # the crash: which libstdc++
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 49  # the crash: std::regex alone
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 50  # regex probe; edges in chunks, 1M atoms
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 51  # where a large cell's memory goes
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -673,6 +674,13 @@ ctypes.CDLL('/tmp/regex_probe.so').probe())" 2>&1 | grep -v Warn | tail -3
   fi
   timeout ${LARGE_TIMEOUT:-330} python3 benchmarks/large_cells.py --atoms "${LARGE_ATOMS:-157464,1000000}" \
     --variants "${LARGE_VARIANTS:-default}" --out "$OUT/large" 2>&1 | grep -v Warn | tail -12
+  ;;
+51)
+  # Stage 50: 157,464 atoms in chunks took 32.6 GiB and 89.6 s for its first forces; a million
+  # ran out of memory while capturing (94 GiB live outside the graph's pool). Memory phase by
+  # phase, the first evaluation against the second, and what is live at the peak.
+  timeout ${PROBE_TIMEOUT:-250} python3 benchmarks/memory_probe.py --atoms "${PROBE_ATOMS:-157464}" \
+    --out "$OUT/memory" 2>&1 | grep -v Warn | tail -60
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),
