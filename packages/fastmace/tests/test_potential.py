@@ -437,3 +437,21 @@ def test_tf32_precision_is_set_for_the_model_call_only():
 def test_an_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="float32, tf32"):
         Potential(model_of("tiny", torch.float32), [29], matmul_precision="bf16")
+
+
+@pytest.mark.parametrize("backend", ["e3nn", "cueq"])
+def test_the_potential_runs_weights_that_need_no_gradient_and_leaves_the_models_alone(backend):
+    """Forces need no weight gradients: a kernel library's backward would compute one for every
+    input that requires it. The potential's copy shares the weights' storage (e3nn's generated
+    TorchScript code is shared as it is), and the caller's model keeps its settings."""
+    from fastmace.models.load import load
+
+    model = load("demo-emt-cu", backend=backend, dtype="float64").module
+    potential = Potential(model, [29])
+    assert all(p.requires_grad for p in model.parameters())
+    assert not any(p.requires_grad for p in potential.model.parameters())
+    ours = {p.data_ptr() for p in potential.model.parameters()}
+    assert ours <= {p.data_ptr() for p in model.parameters()}
+    state = State.from_atoms([copper_supercell()])
+    output = potential(state, ase_edges(state, potential.r_max, 1.5))
+    assert torch.isfinite(output.forces).all() and output.forces.abs().max() > 0

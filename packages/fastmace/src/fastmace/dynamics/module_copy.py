@@ -34,7 +34,8 @@ def weight_sharing_copy(module: torch.nn.Module, *, requires_grad: bool = False)
     so replacing a submodule of the copy leaves the original alone. Parameters are new
     ``Parameter`` objects viewing the same storage, with ``requires_grad`` as given; buffers
     are the same tensors. Methods bound to an original module (mace-torch and the kernel
-    libraries patch ``forward`` on instances) are bound to its copy instead.
+    libraries patch ``forward`` on instances) are bound to its copy instead. TorchScript
+    modules without weights of their own (e3nn's generated code) are shared, not copied.
     """
     return _copy(module, requires_grad, {})
 
@@ -45,8 +46,12 @@ def _copy(
     if id(module) in memo:  # a module reachable twice stays one module in the copy
         return memo[id(module)]
     if isinstance(module, torch.jit.ScriptModule):
+        # Code without weights (e3nn's generated tensor-product kernels) is shared as it is.
+        if next(module.parameters(), None) is None:
+            return module
         raise TypeError(
-            f"{type(module).__name__} is a TorchScript module, which cannot be copied this way"
+            f"{type(module).__name__} is a TorchScript module with weights, which cannot be "
+            "copied this way"
         )
     twin = object.__new__(type(module))
     memo[id(module)] = twin

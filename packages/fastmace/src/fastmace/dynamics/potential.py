@@ -236,8 +236,13 @@ class Potential(torch.nn.Module):
             # mace-torch's calculator as it is, and it has no padding node to specialise for.
             self.model, self.pair_model = model, None
         else:
-            # A copy for the run's elements and the padding node's (the model's first element).
-            self.model = specialise_for_species(model, (*self.species, self.model_species[0]))
+            # A copy for the run's elements and the padding node's (the model's first element),
+            # over weights that do not require gradients: a kernel library's backward computes
+            # a gradient for every input that requires one (cuEquivariance's: the weights of
+            # every linear map and contraction), and forces need none of them.
+            self.model = specialise_for_species(
+                weight_sharing_copy(model), (*self.species, self.model_species[0])
+            )
             if radial_table:
                 self._tabulate(radial_table_fallback)
             if fused_convolution:
