@@ -39,6 +39,7 @@ import torch
 from ase.calculators.calculator import Calculator, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
+from fastmace import assembly
 from fastmace.charges import DEFAULT_CHARGE, DEFAULT_SPIN_MULTIPLICITY
 from fastmace.dynamics.checks import check_structures
 from fastmace.dynamics.dispersion import D3BJ, D3BJParameters, model_dispersion_functional
@@ -49,6 +50,7 @@ from fastmace.dynamics.polar import is_long_range
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
 from fastmace.models.load import LoadedModel, load
+from fastmace.planner import EngineSettings
 from fastmace.vocabulary import CALCULATOR_SKIN_A
 
 
@@ -201,7 +203,10 @@ class FastMACECalculator(Calculator):
         """The potential for these elements; made again only when the elements change."""
         species = set(atoms.get_atomic_numbers().tolist())
         if self._potential is None or not species <= set(self._potential.species):
-            self._potential = Potential.from_loaded(self.loaded, sorted(species))
+            # The calculator's own settings: the loaded model as it is, uncompiled, no tables
+            # (the planner's CPU rules), edge chunks as the memory requires on CUDA.
+            own = EngineSettings(device=self.loaded.device, backend=self.loaded.backend)
+            self._potential = assembly.potential(self.loaded, sorted(species), own)
         return self._potential
 
     def _d3_for(self, atoms: ase.Atoms) -> D3BJ:

@@ -22,15 +22,14 @@ import ase.io
 import numpy as np
 from ase.calculators.singlepoint import SinglePointCalculator
 
+from fastmace import assembly
 from fastmace.charges import PerSystemValue
 from fastmace.dynamics.checks import check_structures
 from fastmace.dynamics.dispersion import DispersionTerm, model_dispersion_functional
 from fastmace.dynamics.engine import Engine, ForceField
 from fastmace.dynamics.integrators.common import cell_volume
-from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
 from fastmace.dynamics.polar import charge_tensors
-from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.relax import FireSettings, FireState, fire_init, fire_step
 from fastmace.dynamics.state import State
 from fastmace.io.atomic import atomic_write_text
@@ -122,21 +121,9 @@ class Relaxation:
         self.progress = progress
         self.output = _claim_output(Path(output)) if output is not None else None
         state = State.from_atoms(self.structures, device=model.device)
-        self.potential = Potential.from_loaded(
-            model,
-            state.atomic_numbers,
-            compile=self.engine_settings.compile,
-            compile_fallback=self.engine_settings.compile_fallback,
-            matmul_precision=self.engine_settings.matmul_precision,
-            radial_table=self.engine_settings.radial_table,
-            radial_table_fallback=self.engine_settings.radial_table_fallback,
-            edge_chunk_rows=self.engine_settings.edge_chunk_rows,
-        )
+        self.potential = assembly.potential(model, state.atomic_numbers, self.engine_settings)
         engine = self.engine_settings
-        neighbours = NeighbourList(
-            state, self.potential.r_max, engine.skin_A, engine.edge_capacity,
-            headroom=engine.headroom,
-        )  # fmt: skip
+        neighbours = assembly.neighbour_list(state, self.potential, engine)
         # D3(BJ) on a list of its own, as in MD: the relaxed structure is the minimum of the
         # same force field the MD run that follows will use.
         self.dispersion = (

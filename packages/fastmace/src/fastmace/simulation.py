@@ -22,6 +22,7 @@ from typing import Any, TextIO
 import ase
 import torch
 
+from fastmace import assembly
 from fastmace.batching import check_open_apart
 from fastmace.dynamics.checks import check_structures
 from fastmace.dynamics.dispersion import DispersionTerm, run_dispersion_functional
@@ -34,7 +35,6 @@ from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
 from fastmace.dynamics.neighbours import DEFAULT_CELL_MARGIN, NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
 from fastmace.dynamics.polar import charge_tensors
-from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.replica_exchange import ReplicaExchange
 from fastmace.dynamics.state import State
 from fastmace.dynamics.thermo import thermo_rows
@@ -128,16 +128,7 @@ class Simulation:
         # table it cannot have) leaves nothing behind. A restart keeps the atoms' elements.
         setup_parts = {}  # each part's seconds: where set-up goes (metadata.json)
         tick = time.perf_counter()
-        self.potential = Potential.from_loaded(
-            model,
-            state.atomic_numbers,
-            compile=self.engine_settings.compile,
-            compile_fallback=self.engine_settings.compile_fallback,
-            matmul_precision=self.engine_settings.matmul_precision,
-            radial_table=self.engine_settings.radial_table,
-            radial_table_fallback=self.engine_settings.radial_table_fallback,
-            edge_chunk_rows=self.engine_settings.edge_chunk_rows,
-        )
+        self.potential = assembly.potential(model, state.atomic_numbers, self.engine_settings)
         setup_parts["setup_potential_s"] = time.perf_counter() - tick
         restart = None
         if output is not None:
@@ -273,21 +264,17 @@ class Simulation:
     def _neighbour_list(self, state: State, restart: Any) -> tuple[NeighbourList, Any]:
         engine = self.engine_settings
         if restart is None:
-            neighbours = NeighbourList(
-                state, self.potential.r_max, engine.skin_A, engine.edge_capacity,
-                headroom=engine.headroom,
-            )  # fmt: skip
+            neighbours = assembly.neighbour_list(state, self.potential, engine)
             return neighbours, neighbours.build(state)
         saved = restart.payload["neighbours"]
         kept = saved.get("list")  # restarts written before 2026-12-03 have no such entry
-        neighbours = NeighbourList(
+        neighbours = assembly.neighbour_list(
             state,
-            self.potential.r_max,
-            engine.skin_A,
-            int(saved["capacity"]),
+            self.potential,
+            engine,
+            capacity=int(saved["capacity"]),
             cutoff_capacity=int(kept["cutoff_capacity"]) if kept else None,
             bin_capacity=int(saved["bin_capacity"]),
-            headroom=engine.headroom,
             cell_margin=float(kept["cell_margin"]) if kept else DEFAULT_CELL_MARGIN,
         )
         if kept:

@@ -231,6 +231,7 @@ class Potential(torch.nn.Module):
             )
         self.table_report: TableReport | None = None
         self.table_failure: str | None = None  # why tables the plan chose were not built
+        self.table_fallback = bool(radial_table_fallback)
         if self.long_range:
             # mace-torch's own model, unchanged: its long-range part is checked against
             # mace-torch's calculator as it is, and it has no padding node to specialise for.

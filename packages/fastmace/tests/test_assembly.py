@@ -1,0 +1,111 @@
+"""Every engine setting reaches what Simulation, Relaxation and the ASE calculator build.
+
+Each setting of EngineSettings that the potential or the neighbour list reads is given a value
+other than its default and read back from the parts each caller built (fastmace/assembly.py),
+so that a setting accepted and dropped by one caller fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import ase.build
+import pytest
+
+from fastmace import assembly
+from fastmace.dynamics.ensembles import ensemble
+from fastmace.dynamics.relax import FireSettings
+from fastmace.io import OutputSchedule
+from fastmace.models.load import load
+from fastmace.planner import EngineSettings
+from fastmace.relaxation import Relaxation
+from fastmace.simulation import RunSettings, Simulation
+
+# Every field below differs from EngineSettings' default.
+CHANGED = {
+    "block_steps": 4,
+    "skin_A": 0.7,
+    "edge_capacity": 20_000,
+    "headroom": 1.7,
+    "matmul_precision": "tf32",
+    "radial_table": True,
+    "radial_table_fallback": True,
+    "compile_fallback": True,
+    "edge_chunk_rows": 50,
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load("demo-emt-cu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def copper():
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat(2)
+    atoms.rattle(0.02, seed=1)
+    return atoms
+
+
+def settings_for(model) -> EngineSettings:
+    base = EngineSettings(device=model.device, backend=model.backend)
+    for name, value in CHANGED.items():
+        assert getattr(base, name) != value, f"{name}'s test value is its default"
+    return dataclasses.replace(base, **CHANGED)
+
+
+def read_back(potential, neighbours) -> dict[str, object]:
+    """What the built parts say of each changed setting."""
+    return {
+        "skin_A": neighbours.skin,
+        "edge_capacity": neighbours.capacity,
+        "headroom": neighbours.headroom,
+        "matmul_precision": potential.matmul_precision,
+        "radial_table": potential.table_report is not None,
+        "radial_table_fallback": potential.table_fallback,
+        "compile_fallback": potential.compile_fallback,
+        "edge_chunk_rows": potential.edge_chunk_rows,
+    }
+
+
+def expected() -> dict[str, object]:
+    return {name: value for name, value in CHANGED.items() if name != "block_steps"}
+
+
+def test_a_simulation_builds_with_every_setting(model, copper):
+    settings = RunSettings(
+        ensemble=ensemble("nvt", temperature_K=300.0), steps=4, timestep_fs=1.0, seed=1,
+        schedule=OutputSchedule(0, 0, 0), initial_temperature_K=300.0,
+    )  # fmt: skip
+    run = Simulation(model, [copper], settings, engine=settings_for(model), progress=io.StringIO())
+    assert read_back(run.potential, run.neighbours) == expected()
+    assert run.engine.block_steps == CHANGED["block_steps"]
+    assert run.potential.chunked_calls > 0  # 50 rows: the first forces came in chunks
+
+
+def test_a_relaxation_builds_with_every_setting(model, copper):
+    relaxation = Relaxation(
+        model, [copper], FireSettings(), max_steps=4, engine=settings_for(model),
+        progress=io.StringIO(),
+    )  # fmt: skip
+    built = read_back(relaxation.potential, relaxation.engine.force_field.neighbours)
+    assert built == expected()
+    assert relaxation.engine.block_steps == CHANGED["block_steps"]
+
+
+def test_the_one_builder_compiles_when_asked(model):
+    settings = dataclasses.replace(settings_for(model), compile=True, edge_chunk_rows=None)
+    assert assembly.potential(model, [29], settings).compiled
+
+
+def test_the_calculator_builds_its_potential_with_its_own_settings(model, copper):
+    from fastmace.ase import FastMACECalculator
+
+    calculator = FastMACECalculator(model)
+    copper = copper.copy()
+    copper.calc = calculator
+    copper.get_forces()
+    potential = calculator._potential
+    assert not potential.compiled and potential.table_report is None
+    assert potential.edge_chunking is None  # "auto" chunks on CUDA only
