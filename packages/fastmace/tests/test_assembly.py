@@ -109,3 +109,25 @@ def test_the_calculator_builds_its_potential_with_its_own_settings(model, copper
     potential = calculator._potential
     assert not potential.compiled and potential.table_report is None
     assert potential.edge_chunking is None  # "auto" chunks on CUDA only
+
+
+def test_a_large_set_up_says_what_it_is_doing_as_it_goes(model, copper, monkeypatch):
+    """From SETUP_PROGRESS_ATOMS atoms on (lowered here to this cell's 32), each part of the
+    set-up is announced before it starts and timed when it ends; smaller runs say nothing."""
+    import fastmace.simulation
+
+    settings = RunSettings(
+        ensemble=ensemble("nvt", temperature_K=300.0), steps=4, timestep_fs=1.0, seed=1,
+        schedule=OutputSchedule(0, 0, 0),
+    )  # fmt: skip
+    quiet = io.StringIO()
+    Simulation(model, [copper], settings, engine=settings_for(model), progress=quiet)
+    assert "set-up:" not in quiet.getvalue()
+    monkeypatch.setattr(fastmace.simulation, "SETUP_PROGRESS_ATOMS", len(copper))
+    told = io.StringIO()
+    Simulation(model, [copper], settings, engine=settings_for(model), progress=told)
+    lines = told.getvalue().splitlines()
+    assert lines[0].startswith("set-up: 32 atoms; potential ready in ")
+    assert lines[0].endswith("building the neighbour list")
+    assert "computing the first forces (edges in chunks of up to 50 rows)" in lines[1]
+    assert lines[2].startswith("set-up: first forces in ") and len(lines) == 3

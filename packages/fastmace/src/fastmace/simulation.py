@@ -40,7 +40,7 @@ from fastmace.dynamics.state import State
 from fastmace.dynamics.thermo import thermo_rows
 from fastmace.io import Progress, RunDirectory, RunOutput
 from fastmace.io.plot import can_plot
-from fastmace.io.progress import startup_line
+from fastmace.io.progress import setup_note, startup_line
 from fastmace.io.run_directory import DiskFullError, is_disk_full
 from fastmace.models.load import LoadedModel
 from fastmace.planner import EngineSettings, Plan, engine_settings_for
@@ -55,6 +55,7 @@ from fastmace.resuming import (
 from fastmace.runs import MDResult, RunSettings
 from fastmace.runtime.compile_costs import CompileIdentity, record_cost_s
 from fastmace.runtime.process_clock import seconds_since_process_start
+from fastmace.vocabulary import SETUP_PROGRESS_ATOMS
 
 __all__ = ["MDResult", "RunSettings", "Simulation"]
 
@@ -150,9 +151,24 @@ class Simulation:
         try:
             if restart is not None:
                 state = _state_from_restart(state, restart.payload)
+            # A large set-up says what it is doing as it goes (the first forces of a million
+            # atoms take minutes on a CPU).
+            say = state.n_atoms >= SETUP_PROGRESS_ATOMS
+            if say:
+                setup_note(progress, (
+                    f"{state.n_atoms:,} atoms; potential ready in "
+                    f"{setup_parts['setup_potential_s']:.1f} s; building the neighbour list"
+                ))  # fmt: skip
             tick = time.perf_counter()
             neighbours, edges = self._neighbour_list(state, restart)
             setup_parts["setup_neighbours_s"] = time.perf_counter() - tick
+            if say:
+                chunks = self.potential.edge_chunk_rows
+                setup_note(progress, (
+                    f"neighbour list of {neighbours.capacity:,} edges in "
+                    f"{setup_parts['setup_neighbours_s']:.1f} s; computing the first forces"
+                    + (f" (edges in chunks of up to {chunks:,} rows)" if chunks else "")
+                ))  # fmt: skip
             force_field = ForceField(
                 self.potential, neighbours, edges, stress=settings.ensemble.needs_stress,
                 dispersion=self._dispersion(state),
@@ -161,6 +177,9 @@ class Simulation:
             tick = time.perf_counter()
             md = self._initial_md(state, force_field)
             setup_parts["setup_first_forces_s"] = time.perf_counter() - tick
+            if say:
+                seconds = setup_parts["setup_first_forces_s"]
+                setup_note(progress, f"first forces in {seconds:.1f} s")
             self._record_compile_cost(model, plan)
             if restart is not None:
                 self._restore(md, restart.payload)

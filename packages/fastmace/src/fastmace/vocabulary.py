@@ -177,3 +177,7 @@ EV_PER_A3_IN_GPA = 1.0 / EV_PER_A3_PER_GPA
 """1 eV/Å^3 in GPa (about 160.2): stresses and pressures as reported."""
 EV_PER_A3_PER_BAR = GPA_PER_BAR * EV_PER_A3_PER_GPA
 """1 bar (1e5 Pa) in eV/Å^3."""
+
+SETUP_PROGRESS_ATOMS = 50_000
+"""From this many atoms a run's set-up says what it is doing, part by part, as it goes (a
+million atoms' first forces take minutes on a CPU)."""

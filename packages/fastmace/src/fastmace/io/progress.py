@@ -169,6 +169,14 @@ _STARTUP_PARTS = (
 )
 
 
+def setup_note(stream: TextIO | None, text: str) -> None:
+    """One line of a long set-up's progress ("set-up: ..."), to ``stream`` (stderr by
+    default), flushed so that it shows at once."""
+    out = sys.stderr if stream is None else stream
+    out.write(f"set-up: {text}\n")
+    out.flush()
+
+
 def startup_line(path: str, timings: Mapping[str, float], compile_s: float | None = None) -> str:
     """The line a run prints after its first block: how long start-up took, by part, and which
     path runs. ``timings`` are metadata.json's (``to_first_step_s`` and the phases; with
