@@ -37,6 +37,7 @@ from fastmace.dynamics.module_copy import shallow_copy
 from fastmace.dynamics.pair_radials import (
     SHARED_RADIAL_BLOCKS,
     has_symmetric_radials,
+    indexed_messages,
     is_fused_cueq_convolution,
 )
 
@@ -136,13 +137,7 @@ class ChunkedConvolution(torch.nn.Module):
         if self.kind == OWN:
             return self.convolution(node_feats, edge_attrs, weights, edge_index)
         if self.kind == INDEXED:
-            rows = torch.arange(edges, device=edge_index.device) % weights.shape[0]
-            return self.convolution.original_forward(
-                [weights, node_feats, edge_attrs],
-                {0: rows, 1: edge_index[0]},
-                {0: node_feats},
-                {0: edge_index[1]},
-            )[0]
+            return indexed_messages(self.convolution, node_feats, edge_attrs, weights, edge_index)
         if weights.shape[0] != edges:
             weights = torch.cat([weights, weights])
         if self.kind == FUSED:

@@ -78,14 +78,26 @@ class PairIndexedConvolution(torch.nn.Module):
         tp_weights: torch.Tensor,
         edge_index: torch.Tensor,
     ) -> torch.Tensor:
-        slots = torch.arange(edge_index.shape[1], device=edge_index.device)
-        pair = torch.remainder(slots, tp_weights.shape[0])
-        return self.convolution.original_forward(
-            [tp_weights, node_feats, edge_attrs],
-            {0: pair, 1: edge_index[0]},
-            {0: node_feats},
-            {0: edge_index[1]},
-        )[0]
+        return indexed_messages(self.convolution, node_feats, edge_attrs, tp_weights, edge_index)
+
+
+def indexed_messages(
+    convolution: torch.nn.Module,
+    node_feats: torch.Tensor,
+    edge_attrs: torch.Tensor,
+    weights: torch.Tensor,
+    edge_index: torch.Tensor,
+) -> torch.Tensor:
+    """mace's fused cuEquivariance ``convolution`` with edge e reading weight row e mod rows
+    (senders index the node features, receivers the output)."""
+    slots = torch.arange(edge_index.shape[1], device=edge_index.device)
+    rows = torch.remainder(slots, weights.shape[0])
+    return convolution.original_forward(
+        [weights, node_feats, edge_attrs],
+        {0: rows, 1: edge_index[0]},
+        {0: node_feats},
+        {0: edge_index[1]},
+    )[0]
 
 
 def pair_shared_model(model: torch.nn.Module) -> torch.nn.Module | None:
