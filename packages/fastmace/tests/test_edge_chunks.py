@@ -136,8 +136,9 @@ def test_a_block_whose_weights_read_the_elements_is_refused_with_the_reason():
 
 
 def test_bad_chunk_settings_are_refused_with_what_to_give():
-    with pytest.raises(ValueError, match="positive number of rows"):
-        Potential(demo_module(), [29], edge_chunk_rows=0)
+    for wrong in (0, True):
+        with pytest.raises(ValueError, match="positive number of rows"):
+            Potential(demo_module(), [29], edge_chunk_rows=wrong)
     with pytest.raises(ValueError, match="leave compile off"):
         Potential(demo_module(), [29], edge_chunk_rows=100, compile=True)
     with pytest.raises(UnsupportedModelError, match="leave edge_chunk_rows off"):

@@ -206,9 +206,8 @@ class Potential(torch.nn.Module):
         heads = tuple(getattr(model, "heads", None) or ("Default",))
         self.head = _resolve_head(head, heads)
         self.long_range = is_long_range(model)
-        if edge_chunk_rows not in (None, "auto") and not (
-            isinstance(edge_chunk_rows, int) and edge_chunk_rows >= 1
-        ):
+        counted = isinstance(edge_chunk_rows, int) and not isinstance(edge_chunk_rows, bool)
+        if edge_chunk_rows not in (None, "auto") and not (counted and edge_chunk_rows >= 1):
             raise ValueError(
                 f"edge_chunk_rows={edge_chunk_rows!r}: give a positive number of rows, 'auto' "
                 "or None"
@@ -300,7 +299,7 @@ class Potential(torch.nn.Module):
         matmul_precision: str = DEFAULT_MATMUL_PRECISION,
         radial_table: bool = False,
         radial_table_fallback: bool = False,
-        edge_chunk_rows: int | None = None,
+        edge_chunk_rows: int | str | None = None,
     ) -> Potential:
         """The potential of an ``fm.load`` result: its converted module and its head."""
         return cls(
@@ -491,14 +490,12 @@ class Potential(torch.nn.Module):
             energy=energy.detach(), forces=forces, virial=-energy_strain_derivative, stress=stress
         )
 
-    def _model_call(
-        self, mirrored: bool, edges: int | None = None
-    ) -> Callable[..., dict[str, torch.Tensor]]:
+    def _model_call(self, mirrored: bool, edges: int) -> Callable[..., dict[str, torch.Tensor]]:
         """The model for these edges: radial weights once per pair when they are mirrored
         and the model allows it; in chunks when they are more than ``edge_chunk_rows``;
         through torch.compile when asked."""
         shared = mirrored and self.pair_model is not None
-        if self.edge_chunk_rows is not None and edges is not None:
+        if self.edge_chunk_rows is not None:
             rows = edges // 2 if shared else edges
             if rows > self.edge_chunk_rows:
                 self.chunked_calls += 1
