@@ -50,6 +50,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 49  # the crash: std::regex alone
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 50  # regex probe; edges in chunks, 1M atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 51  # where a large cell's memory goes
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 52  # gpu tests; no-grad weights, default path
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -681,6 +682,23 @@ ctypes.CDLL('/tmp/regex_probe.so').probe())" 2>&1 | grep -v Warn | tail -3
   # phase, the first evaluation against the second, and what is live at the peak.
   timeout ${PROBE_TIMEOUT:-250} python3 benchmarks/memory_probe.py --atoms "${PROBE_ATOMS:-157464}" \
     --out "$OUT/memory" 2>&1 | grep -v Warn | tail -60
+  ;;
+52)
+  # The weight-sharing copy (weights need no gradients) and pair_radials.indexed_messages, new since
+  # stage 50: their GPU tests, then the default path and the plain cuEq step, 216 to 13,824 atoms,
+  # against 2026-12-03's figures (default 1.20/3.30/19.4 ms, plain cuEq 2.07/5.39/29.7).
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_pair_radials.py" \
+    "$tests/test_edge_chunks.py" "$tests/test_potential.py" > "$OUT/gpu_tests_52.txt" 2>&1
+  echo "pair, chunk and potential gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_52.txt"))"
+  grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_52.txt" | head
+  only=""
+  for atoms in 216 1728 13824; do
+    only="$only,mp0-medium/$atoms/fastmace-default,mp0-medium/$atoms/fastmace-cueq"
+  done
+  timeout 330 python3 benchmarks/md_speed.py --out "$OUT/default" --budget-s 300 \
+    --case-timeout-s 120 --only "${only#,}" > "$OUT/default.log" 2>&1
+  echo "default path: exit $?"
+  grep -E "\| (mp0|mh)" "$OUT/default/md_speed.md"
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),
