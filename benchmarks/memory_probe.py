@@ -40,9 +40,21 @@ GIB = 2**30
 OWNERS = ("fastmace", "mace", "cuequivariance", "e3nn")
 
 
+STARTED = time.perf_counter()
+
+
 def allocated() -> float:
     torch.cuda.synchronize()
     return torch.cuda.memory_allocated() / GIB
+
+
+class Phases(dict):
+    """Phase -> GiB allocated; each entry is printed as it is measured, with the time since the
+    start, so that a probe cut short by its time limit still says how far it came."""
+
+    def __setitem__(self, name: str, gib: float) -> None:
+        super().__setitem__(name, gib)
+        print(f"[{time.perf_counter() - STARTED:7.1f} s] {name}: {gib:.2f} GiB", flush=True)
 
 
 def owner(frames: list[dict[str, Any]]) -> str:
@@ -113,6 +125,7 @@ def probe(record: dict[str, Any], atoms: int, block_steps: int) -> None:
         torch.cuda.synchronize()
         record[f"{attempt}_evaluation_s"] = time.perf_counter() - tick
         record[f"{attempt}_evaluation_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+        phases[f"{attempt}_evaluation"] = record[f"{attempt}_evaluation_peak_gib"]
         del output
     try:
         record["live_at_peak"] = live_at_peak(torch.cuda.memory._snapshot())
@@ -152,7 +165,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with _planned_environment(first_plan(nacl(args.atoms))):
-        record: dict[str, Any] = {"atoms": args.atoms, "phases_gib": {}}
+        record: dict[str, Any] = {"atoms": args.atoms, "phases_gib": Phases()}
         try:
             probe(record, args.atoms, args.block_steps)
         except torch.cuda.OutOfMemoryError as error:
