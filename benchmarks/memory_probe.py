@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import io
 import json
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from large_cells import first_plan, loaded_model
 from md_speed import FRICTION_PER_PS, SEED, TEMPERATURE_K, TIMESTEP_FS, nacl
 
 from fastmace.api import _model_facts, _planned_environment
+from fastmace.dynamics.edge_chunks import ChunkedConvolution
 from fastmace.dynamics.ensembles import ensemble
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import Potential
@@ -83,18 +87,63 @@ def live_at_peak(snapshot: dict[str, Any], top: int = 25) -> list[dict[str, Any]
                     best, best_live = current, dict(live)
             elif action in ("free_requested", "free") and address in live:
                 current -= live.pop(address)[0]
-    by_owner: collections.Counter[str] = collections.Counter()
+    return by_owner(best_live, top)
+
+
+def by_owner(live: dict[int, tuple[int, str]], top: int) -> list[dict[str, Any]]:
+    """Live allocations summed by owner, largest first."""
+    sizes: collections.Counter[str] = collections.Counter()
     counts: collections.Counter[str] = collections.Counter()
-    for size, who in best_live.values():
-        by_owner[who] += size
+    for size, who in live.values():
+        sizes[who] += size
         counts[who] += 1
     return [
         {"owner": who, "gib": size / GIB, "allocations": counts[who]}
-        for who, size in by_owner.most_common(top)
+        for who, size in sizes.most_common(top)
     ]
 
 
-def probe(record: dict[str, Any], atoms: int, block_steps: int) -> None:
+def live_at_end(snapshot: dict[str, Any], top: int = 25) -> list[dict[str, Any]]:
+    """What is still allocated where the trace ends (after an out-of-memory error: what
+    held the memory when it ran out)."""
+    live: dict[int, tuple[int, str]] = {}
+    for trace in snapshot.get("device_traces", []):
+        for event in trace:
+            if event["action"] == "alloc":
+                live[event["addr"]] = (event["size"], owner(event.get("frames", [])))
+            elif event["action"] in ("free_requested", "free"):
+                live.pop(event["addr"], None)
+    return by_owner(live, top)
+
+
+@contextlib.contextmanager
+def chunk_timings() -> Iterator[list[dict[str, Any]]]:
+    """Each chunk's convolution, timed to the device's end of it (a synchronisation per chunk:
+    for finding a slow chunk, not for the step's speed). Forward and backward both call
+    ``messages``; a call under autograd is the backward's."""
+    chunks: list[dict[str, Any]] = []
+    plain = ChunkedConvolution.messages
+
+    def timed(module: ChunkedConvolution, node_feats, edge_attrs, weights, edge_index):
+        torch.cuda.synchronize()
+        tick = time.perf_counter()
+        out = plain(module, node_feats, edge_attrs, weights, edge_index)
+        torch.cuda.synchronize()
+        chunks.append({
+            "rows": int(weights.shape[0]), "width": int(weights.shape[-1]),
+            "pass": "backward" if torch.is_grad_enabled() else "forward",
+            "s": round(time.perf_counter() - tick, 4),
+        })  # fmt: skip
+        return out
+
+    ChunkedConvolution.messages = timed  # type: ignore[method-assign]
+    try:
+        yield chunks
+    finally:
+        ChunkedConvolution.messages = plain  # type: ignore[method-assign]
+
+
+def probe(record: dict[str, Any], atoms: int, block_steps: int, evaluations: int) -> None:
     """Fills ``record`` phase by phase (what was measured stays if memory runs out)."""
     phases = record["phases_gib"]
     structure = nacl(atoms)
@@ -116,22 +165,17 @@ def probe(record: dict[str, Any], atoms: int, block_steps: int) -> None:
     phases["neighbour_list"] = allocated()
     record["model_edges"] = int(edges.edge_index.shape[1])
     record["list_edges"] = neighbours.capacity
-    for attempt in ("first", "second"):
+    for attempt in ("first", "second")[:evaluations]:
         torch.cuda.reset_peak_memory_stats()
-        if attempt == "second":
-            torch.cuda.memory._record_memory_history(max_entries=200_000)
         tick = time.perf_counter()
-        output = potential(state, edges, compute_stress=False)
-        torch.cuda.synchronize()
+        with chunk_timings() as chunks:
+            record[f"{attempt}_evaluation_chunks"] = chunks  # kept if the probe is stopped
+            output = potential(state, edges, compute_stress=False)
+            torch.cuda.synchronize()
         record[f"{attempt}_evaluation_s"] = time.perf_counter() - tick
         record[f"{attempt}_evaluation_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
         phases[f"{attempt}_evaluation"] = record[f"{attempt}_evaluation_peak_gib"]
         del output
-    try:
-        record["live_at_peak"] = live_at_peak(torch.cuda.memory._snapshot())
-    except Exception as error:  # the analysis is a help, not the measurement
-        record["live_at_peak"] = f"{type(error).__name__}: {error}"
-    torch.cuda.memory._record_memory_history(enabled=None)
     record["chunked_calls"] = potential.chunked_calls
     del potential, neighbours, edges, state
     torch.cuda.empty_cache()
@@ -157,19 +201,40 @@ def probe(record: dict[str, Any], atoms: int, block_steps: int) -> None:
     record["status"] = "ok"
 
 
+class Stopped(Exception):
+    """The probe's time limit ran out (SIGTERM from ``timeout``): what was measured is kept."""
+
+
+def stop(signum: int, frame: Any) -> None:
+    raise Stopped(f"stopped by signal {signum} after {time.perf_counter() - STARTED:.0f} s")
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, stop)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--atoms", type=int, default=157464)
     parser.add_argument("--block-steps", type=int, default=5)
+    parser.add_argument("--evaluations", type=int, choices=(1, 2), default=2)
+    parser.add_argument("--history-entries", type=int, default=500_000)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with _planned_environment(first_plan(nacl(args.atoms))):
         record: dict[str, Any] = {"atoms": args.atoms, "phases_gib": Phases()}
+        torch.cuda.memory._record_memory_history(max_entries=args.history_entries)
         try:
-            probe(record, args.atoms, args.block_steps)
+            probe(record, args.atoms, args.block_steps, args.evaluations)
         except torch.cuda.OutOfMemoryError as error:
             record.update(status="oom", error=str(error)[:600])
+        except Stopped as error:
+            record.update(status="stopped", error=str(error))
+        try:  # the analysis is a help, not the measurement
+            snapshot = torch.cuda.memory._snapshot()
+            record["live_at_peak"] = live_at_peak(snapshot)
+            record["live_at_end"] = live_at_end(snapshot)
+        except Exception as error:
+            record["live_at_peak"] = f"{type(error).__name__}: {error}"
+        torch.cuda.memory._record_memory_history(enabled=None)
     print(json.dumps(record, indent=1), flush=True)
     (args.out / f"memory-{args.atoms}.json").write_text(json.dumps(record, indent=1))
     return 0

@@ -51,6 +51,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 50  # regex probe; edges in chunks, 1M atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 51  # where a large cell's memory goes
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 52  # gpu tests; no-grad weights, default path
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 53  # large cells: each chunk timed, memory by owner
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -699,6 +700,27 @@ ctypes.CDLL('/tmp/regex_probe.so').probe())" 2>&1 | grep -v Warn | tail -3
     --case-timeout-s 120 --only "${only#,}" > "$OUT/default.log" 2>&1
   echo "default path: exit $?"
   grep -E "\| (mp0|mh)" "$OUT/default/md_speed.md"
+  ;;
+53)
+  # Issue 31: where a large cell's first evaluation spends its time and where memory goes. On
+  # 2026-12-04 the first evaluation at 157,464 atoms took 4.9 s and 24.7 GiB (71 GiB reserved
+  # after the eager block), and at 1,000,000 atoms, with expandable segments set by hand, it had
+  # not finished after 457 s. Each chunk is timed; the allocator's history covers the whole probe.
+  timeout -k 20 100 python3 benchmarks/memory_probe.py --atoms 157464 --evaluations 1 \
+    --out "$OUT/memory" 2>&1 | grep -E "^\[|status" | head -30
+  python3 -c "import json; d=json.load(open('$OUT/memory/memory-157464.json')); \
+[print(c) for c in d.get('first_evaluation_chunks', [])[:60]]"
+  timeout -k 40 ${PROBE_TIMEOUT:-380} python3 benchmarks/memory_probe.py --atoms 1000000 \
+    --evaluations 1 --out "$OUT/memory" 2>&1 | grep -E "^\[|status|error" | head -30
+  python3 - "$OUT/memory/memory-1000000.json" <<'PY' || true
+import json, sys
+d = json.load(open(sys.argv[1]))
+for c in d.get("first_evaluation_chunks", [])[:80]:
+    print(c)
+for key in ("live_at_peak", "live_at_end"):
+    for row in (d.get(key) or [])[:10]:
+        print(key, row)
+PY
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),
