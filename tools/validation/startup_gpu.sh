@@ -706,6 +706,11 @@ ctypes.CDLL('/tmp/regex_probe.so').probe())" 2>&1 | grep -v Warn | tail -3
   # 2026-12-04 the first evaluation at 157,464 atoms took 4.9 s and 24.7 GiB (71 GiB reserved
   # after the eager block), and at 1,000,000 atoms, with expandable segments set by hand, it had
   # not finished after 457 s. Each chunk is timed; the allocator's history covers the whole probe.
+  # First, the test that planning leaves CUDA unstarted (the GPU's name from NVML).
+  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_gpu_name.py" \
+    > "$OUT/gpu_tests_53.txt" 2>&1
+  echo "gpu name test: exit $? ($(tail -1 "$OUT/gpu_tests_53.txt"))"
+  grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu_tests_53.txt" | head
   timeout -k 20 100 python3 benchmarks/memory_probe.py --atoms 157464 --evaluations 1 \
     --out "$OUT/memory" 2>&1 | grep -E "^\[|status" | head -30
   python3 -c "import json; d=json.load(open('$OUT/memory/memory-157464.json')); \

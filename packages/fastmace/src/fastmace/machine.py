@@ -14,6 +14,7 @@ from importlib import util as importlib_util
 
 from fastmace.planner.availability import Availabilities, BackendStatus
 from fastmace.runtime import environment
+from fastmace.runtime.gpu_name import visible_gpu_name
 
 # The variables a plan may set; the planner needs the user's values to keep or replace them.
 PLAN_VARIABLES = (
@@ -48,7 +49,9 @@ def probe_availabilities(environ: Mapping[str, str] | None = None) -> Availabili
     env = os.environ if environ is None else environ
     gpu = bool(torch.cuda.is_available())
     if gpu:
-        name = torch.cuda.get_device_name(0)
+        # NVML's answer leaves CUDA unstarted, so that the plan's variables still take effect.
+        name = None if torch.cuda.is_initialized() else visible_gpu_name(env)
+        name = name or torch.cuda.get_device_name(0)
         gpu_reason = f"{torch.cuda.device_count()} CUDA device(s), torch CUDA {torch.version.cuda}"
     else:
         name = None
