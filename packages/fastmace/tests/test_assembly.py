@@ -131,3 +131,47 @@ def test_a_large_set_up_says_what_it_is_doing_as_it_goes(model, copper, monkeypa
     assert lines[0].endswith("building the neighbour list")
     assert "computing the first forces (edges in chunks of up to 50 rows)" in lines[1]
     assert lines[2].startswith("set-up: first forces in ") and len(lines) == 3
+
+
+def test_the_first_forces_grow_a_list_too_small_until_it_holds_every_edge(model, copper):
+    """A list sized by estimate can be too small for the structure; only an evaluation finds
+    out. The first forces are then computed again on a larger list, and equal those of a list
+    that was large enough from the start."""
+    import torch
+
+    from fastmace.dynamics.overflow import overflowed
+    from fastmace.dynamics.state import State
+
+    state = State.from_atoms([copper], device=model.device)
+    results = {}
+    for capacity in (64, 20_000):
+        engine = dataclasses.replace(EngineSettings(device=model.device), edge_capacity=capacity)
+        potential = assembly.potential(model, state.atomic_numbers, engine)
+        neighbours = assembly.neighbour_list(state, potential, engine)
+        field = assembly.force_field(state, potential, neighbours, stress=False)
+        attempts = []
+
+        def start(field=field, attempts=attempts):
+            attempts.append(field.neighbours.capacity)
+            return field(state)
+
+        results[capacity] = assembly.first_forces(start, field, state)
+        assert not overflowed(field.edges)
+        if capacity == 64:
+            assert len(attempts) > 1 and attempts[-1] > 64  # it grew
+        else:
+            assert attempts == [20_000]
+    torch.testing.assert_close(results[64].forces, results[20_000].forces, rtol=0, atol=0)
+
+
+def test_the_dispersion_term_has_the_settings_skin(model, copper):
+    """D3's own list takes the settings' skin where it exceeds D3's minimum of 2 Å."""
+    from fastmace.dynamics.dispersion import DISPERSION_SKIN_A
+    from fastmace.dynamics.state import State
+
+    state = State.from_atoms([copper], device=model.device)
+    skin = DISPERSION_SKIN_A + 0.5
+    engine = dataclasses.replace(EngineSettings(device=model.device), skin_A=skin)
+    assert assembly.dispersion(state, None, engine, three_body=False) is None
+    term = assembly.dispersion(state, "pbe", engine, three_body=False)
+    assert term.neighbours.skin == skin and not term.d3.three_body

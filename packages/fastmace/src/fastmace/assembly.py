@@ -1,7 +1,8 @@
 """The engine's parts built from the plan's EngineSettings, in one place for every caller.
 
 :class:`~fastmace.simulation.Simulation`, :class:`~fastmace.relaxation.Relaxation` and the ASE
-calculator build their potential and neighbour list here, so that a setting of
+calculator build their potential and neighbour list here (and the first two their dispersion
+term, force field and first forces), so that a setting of
 :class:`~fastmace.planner.EngineSettings` reaches all of them or none (a setting accepted and
 then dropped by one of two copies is how ``fm.relax(compile=True)`` once ran uncompiled).
 ``tests/test_assembly.py`` reads each setting back from what they built.
@@ -9,12 +10,16 @@ then dropped by one of two copies is how ``fm.relax(compile=True)`` once ran unc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
+from fastmace.dynamics.dispersion import DispersionTerm
+from fastmace.dynamics.engine import ForceField
 from fastmace.dynamics.neighbours import NeighbourList
+from fastmace.dynamics.overflow import overflowed, regrow
+from fastmace.dynamics.polar import charge_tensors
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
 from fastmace.models.load import LoadedModel
@@ -47,3 +52,49 @@ def neighbour_list(
     return NeighbourList(
         state, potential.r_max, settings.skin_A, capacity, headroom=settings.headroom, **kept
     )
+
+
+def dispersion(
+    state: State, functional: str | None, settings: EngineSettings, *, three_body: bool
+) -> DispersionTerm | None:
+    """D3(BJ) for ``functional`` on a neighbour list of its own with the settings' skin (None:
+    no dispersion asked). ``three_body`` adds the Axilrod-Teller-Muto term."""
+    if functional is None:
+        return None
+    return DispersionTerm.for_state(state, functional, settings.skin_A, three_body=three_body)
+
+
+def force_field(
+    state: State,
+    potential: Potential,
+    neighbours: NeighbourList,
+    *,
+    stress: bool,
+    dispersion: DispersionTerm | None = None,
+    charges: Sequence[float] | None = None,
+    spins: Sequence[float] | None = None,
+    edges: Any = None,
+) -> ForceField:
+    """The force field the engine evaluates: the potential on ``neighbours``' edges (built
+    from ``state`` unless ``edges`` are given, as a restart's are), the dispersion term, and
+    each system's charge and spin for a long-range model."""
+    return ForceField(
+        potential, neighbours, neighbours.build(state) if edges is None else edges,
+        stress=stress, dispersion=dispersion,
+        **charge_tensors(charges, spins, state.device),
+    )  # fmt: skip
+
+
+Start = TypeVar("Start")
+
+
+def first_forces(start: Callable[[], Start], field: ForceField, state: State) -> Start:
+    """``start()``, which computes the first forces (an integrator's or FIRE's initial
+    state), repeated with a larger list until the list holds every edge: a list sized by
+    estimate may be too small for the structure, and only an evaluation finds out. The
+    overflow flag is read on the host once per attempt, outside the hot path."""
+    while True:
+        started = start()
+        if not overflowed(field.edges):
+            return started
+        field.neighbours, field.edges = regrow(field.neighbours, state)

@@ -25,11 +25,9 @@ from ase.calculators.singlepoint import SinglePointCalculator
 from fastmace import assembly
 from fastmace.charges import PerSystemValue
 from fastmace.dynamics.checks import check_structures
-from fastmace.dynamics.dispersion import DispersionTerm, model_dispersion_functional
-from fastmace.dynamics.engine import Engine, ForceField
+from fastmace.dynamics.dispersion import model_dispersion_functional
+from fastmace.dynamics.engine import Engine
 from fastmace.dynamics.integrators.common import cell_volume
-from fastmace.dynamics.overflow import overflowed, regrow
-from fastmace.dynamics.polar import charge_tensors
 from fastmace.dynamics.relax import FireSettings, FireState, fire_init, fire_step
 from fastmace.dynamics.state import State
 from fastmace.io.atomic import atomic_write_text
@@ -126,25 +124,18 @@ class Relaxation:
         neighbours = assembly.neighbour_list(state, self.potential, engine)
         # D3(BJ) on a list of its own, as in MD: the relaxed structure is the minimum of the
         # same force field the MD run that follows will use.
-        self.dispersion = (
-            DispersionTerm.for_state(
-                state,
-                self.dispersion_functional,
-                engine.skin_A,
-                three_body=dispersion == "d3bj-atm",
-            )
-            if self.dispersion_functional is not None
-            else None
+        self.dispersion = assembly.dispersion(
+            state, self.dispersion_functional, engine, three_body=dispersion == "d3bj-atm"
         )
-        force_field = ForceField(
-            self.potential, neighbours, neighbours.build(state), stress=settings.cell,
-            dispersion=self.dispersion, **charge_tensors(self.charges, self.spins, state.device),
+        force_field = assembly.force_field(
+            state, self.potential, neighbours, stress=settings.cell, dispersion=self.dispersion,
+            charges=self.charges, spins=self.spins,
         )  # fmt: skip
-        while True:  # the first forces, recomputed until the list fits (as for MD)
-            md = fire_init(state, force_field, settings, history=engine.block_steps)
-            if not overflowed(force_field.edges):
-                break
-            force_field.neighbours, force_field.edges = regrow(force_field.neighbours, state)
+        md = assembly.first_forces(
+            lambda: fire_init(state, force_field, settings, history=engine.block_steps),
+            force_field,
+            state,
+        )
         self.engine = Engine(
             md, fire_step, force_field, block_steps=engine.block_steps, capture=engine.graphs
         )

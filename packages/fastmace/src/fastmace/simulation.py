@@ -25,16 +25,14 @@ import torch
 from fastmace import assembly
 from fastmace.batching import check_open_apart
 from fastmace.dynamics.checks import check_structures
-from fastmace.dynamics.dispersion import DispersionTerm, run_dispersion_functional
-from fastmace.dynamics.engine import Engine, ForceField, generators_of, tensors_of
+from fastmace.dynamics.dispersion import run_dispersion_functional
+from fastmace.dynamics.engine import Engine, generators_of, tensors_of
 from fastmace.dynamics.errors import GuardError, SimulationError
 from fastmace.dynamics.exchange_group import ExchangeGroup
 from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import maxwell_boltzmann_velocities, random_streams
 from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
 from fastmace.dynamics.neighbours import DEFAULT_CELL_MARGIN, NeighbourList
-from fastmace.dynamics.overflow import overflowed, regrow
-from fastmace.dynamics.polar import charge_tensors
 from fastmace.dynamics.replica_exchange import ReplicaExchange
 from fastmace.dynamics.state import State
 from fastmace.dynamics.thermo import thermo_rows
@@ -169,13 +167,23 @@ class Simulation:
                     f"{setup_parts['setup_neighbours_s']:.1f} s; computing the first forces"
                     + (f" (edges in chunks of up to {chunks:,} rows)" if chunks else "")
                 ))  # fmt: skip
-            force_field = ForceField(
-                self.potential, neighbours, edges, stress=settings.ensemble.needs_stress,
-                dispersion=self._dispersion(state),
-                **charge_tensors(self.charges, self.spins, state.device),
+            force_field = assembly.force_field(
+                state, self.potential, neighbours, edges=edges,
+                stress=settings.ensemble.needs_stress,
+                dispersion=assembly.dispersion(
+                    state, self.dispersion_functional, self.engine_settings,
+                    three_body=settings.dispersion == "d3bj-atm",
+                ),
+                charges=self.charges, spins=self.spins,
             )  # fmt: skip
             tick = time.perf_counter()
-            md = self._initial_md(state, force_field)
+            md = assembly.first_forces(
+                lambda: settings.ensemble.init(
+                    state, force_field, settings.timestep_fs, self.streams
+                ),
+                force_field,
+                state,
+            )
             setup_parts["setup_first_forces_s"] = time.perf_counter() - tick
             if say:
                 seconds = setup_parts["setup_first_forces_s"]
@@ -259,26 +267,6 @@ class Simulation:
     def neighbours(self) -> NeighbourList:
         """The neighbour list in use (it is replaced when it grows)."""
         return self.engine.force_field.neighbours
-
-    def _initial_md(self, state: State, force_field: ForceField) -> Any:
-        """The integrator's start; the first forces are recomputed until the list fits."""
-        settings = self.settings
-        while True:
-            md = settings.ensemble.init(state, force_field, settings.timestep_fs, self.streams)
-            if not overflowed(force_field.edges):  # host read, once, outside the hot path
-                return md
-            force_field.neighbours, force_field.edges = regrow(force_field.neighbours, state)
-
-    def _dispersion(self, state: State) -> DispersionTerm | None:
-        """D3(BJ) with its own list, when the run asks for it (settings.dispersion)."""
-        if self.dispersion_functional is None:
-            return None
-        return DispersionTerm.for_state(
-            state,
-            self.dispersion_functional,
-            self.engine_settings.skin_A,
-            three_body=self.settings.dispersion == "d3bj-atm",
-        )
 
     def _neighbour_list(self, state: State, restart: Any) -> tuple[NeighbourList, Any]:
         engine = self.engine_settings
