@@ -13,7 +13,7 @@ from ase.build import bulk
 from conftest import run_python
 
 from fastmace.io import OutputSchedule, RunDirectory, RunDirectoryError, read_trajectory
-from fastmace.io.atomic import create_exclusive
+from fastmace.runtime.atomic import create_exclusive
 
 
 def batch(step: int, n_systems: int = 2) -> list[ase.Atoms]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -931,23 +930,3 @@ def test_matmul_precision_is_float32_unless_tf32_is_forced() -> None:
     fast = make_plan(workload(), EngineConfig(matmul_precision="tf32"), EVERYTHING)
     assert fast.matmul_precision == "tf32" and fast.engine_settings().matmul_precision == "tf32"
     assert "matmul       tf32" in fast.describe()
-
-
-def test_no_planner_module_imports_torch_dynamics_models_gate_or_oeq() -> None:
-    # Also imports inside functions: the planner decides from plain data only.
-    import ast
-
-    import fastmace.planner
-
-    heavy = ("torch", "mace", "fastmace.dynamics", "fastmace.models", "fastmace.gate",
-             "fastmace.oeq", "fastmace.machine")  # fmt: skip
-    for path in Path(fastmace.planner.__file__).parent.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            for name in names:
-                assert not name.startswith(heavy), f"planner/{path.name} imports {name}"

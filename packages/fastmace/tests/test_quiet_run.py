@@ -1,5 +1,5 @@
 """Runs say nothing on stderr but their progress: the libraries' warnings about their own code are
-silenced where FastMACE raises them (models/quiet.py, oeq/host_extension.py), and only there.
+silenced where FastMACE raises them (runtime/quiet.py, oeq/host_extension.py), and only there.
 
 Each path the H200 run of 2026-12-01 printed warnings on is exercised on the CPU where it can
 be (template models, conversion to cuEquivariance, OpenEquivariance's import with its GPU-side
@@ -23,8 +23,8 @@ import pytest
 import torch
 from conftest import EXAMPLE, run_fastmace, run_python
 
-from fastmace.models.quiet import NOISE, library_noise_silenced
 from fastmace.oeq.stderr_filter import stderr_lines_dropped
+from fastmace.runtime.quiet import NOISE, library_noise_silenced
 
 # A Python warning ("...: UserWarning: ...", "warnings.warn(", OEq's printed "Warning: ...")
 # or a torch log line ("W1201 ...").

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fastmace.io.atomic import atomic_write_text
 from fastmace.runs import MDResult, RunSettings
+from fastmace.runtime.atomic import atomic_write_text
 
 BATCH_DIRECTORY = "batch-{index:03d}"
 

@@ -30,9 +30,9 @@ from fastmace.dynamics.engine import Engine
 from fastmace.dynamics.integrators.common import cell_volume
 from fastmace.dynamics.relax import FireSettings, FireState, fire_init, fire_step
 from fastmace.dynamics.state import State
-from fastmace.io.atomic import atomic_write_text
 from fastmace.models.load import LoadedModel
 from fastmace.planner import EngineSettings, Plan, engine_settings_for
+from fastmace.runtime.atomic import atomic_write_text
 
 # The files of a relaxation's output directory.
 RELAXED = "relaxed.extxyz"

@@ -25,7 +25,7 @@ import torch
 from fastmace import assembly
 from fastmace.batching import check_open_apart
 from fastmace.dynamics.checks import check_structures
-from fastmace.dynamics.dispersion import run_dispersion_functional
+from fastmace.dynamics.dispersion import model_dispersion_functional
 from fastmace.dynamics.engine import Engine, generators_of, tensors_of
 from fastmace.dynamics.errors import GuardError, SimulationError
 from fastmace.dynamics.exchange_group import ExchangeGroup
@@ -94,7 +94,9 @@ class Simulation:
         self.exchange_group = exchange_group
         check_structures(structures, model.description.atomic_numbers)
         # Before anything is created: a dispersion the model or structure cannot take is refused.
-        self.dispersion_functional = run_dispersion_functional(settings, model, structures)
+        self.dispersion_functional = model_dispersion_functional(
+            settings.dispersion, settings.dispersion_functional, model, structures
+        )
         # Each system's total charge and spin multiplicity (None: a local model reads none).
         self.charges, self.spins = run_charges_and_spins(settings, model, structures)
         if self.charges is not None:

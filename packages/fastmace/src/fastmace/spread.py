@@ -32,9 +32,9 @@ from typing import Any, TextIO
 import ase
 
 from fastmace.batching import is_per_system, merged_result
-from fastmace.io.atomic import atomic_write_text
 from fastmace.runner import ChildStopped, RunnerConfig, run_in_subprocess
 from fastmace.runs import MDResult
+from fastmace.runtime.atomic import atomic_write_text
 from fastmace.vocabulary import ENSEMBLE_SETTINGS
 
 DEVICE_DIRECTORY = "gpu-{index}"

@@ -36,7 +36,6 @@ from fastmace.dynamics.state import POSITION_DTYPE, State
 
 if TYPE_CHECKING:
     from fastmace.models.load import LoadedModel
-    from fastmace.runs import RunSettings
 
 # The dftd3 program's conversion factors (torch-dftd keeps them too): its tables are fitted
 # in these units, so using them reproduces its numbers to the last digits.
@@ -603,16 +602,6 @@ def dispersion_functional(
         )
     D3BJParameters.for_functional(functional)  # refuses unknown names now, not mid-run
     return functional.lower()
-
-
-def run_dispersion_functional(
-    settings: RunSettings, model: LoadedModel, structures: Sequence[ase.Atoms]
-) -> str | None:
-    """The functional of a run's dispersion (None: no dispersion), checked against the model
-    and the structures' elements; host-side, before anything is created."""
-    return model_dispersion_functional(
-        settings.dispersion, settings.dispersion_functional, model, structures
-    )
 
 
 def model_dispersion_functional(

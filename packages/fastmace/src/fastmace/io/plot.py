@@ -11,7 +11,7 @@ import importlib.util
 import math
 from pathlib import Path
 
-from fastmace.io.atomic import atomic_write
+from fastmace.runtime.atomic import atomic_write
 
 PLOT_FILE = "thermo.png"
 RELAX_PLOT_FILE = "relax.png"

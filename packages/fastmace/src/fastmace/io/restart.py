@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from fastmace.io.atomic import atomic_write
+from fastmace.runtime.atomic import atomic_write
 
 RESTART_FORMAT = "fastmace-restart"
 RESTART_VERSION = 1

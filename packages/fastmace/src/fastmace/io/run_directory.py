@@ -30,13 +30,13 @@ import ase
 import numpy as np
 
 from fastmace.io import trajectory
-from fastmace.io.atomic import atomic_write_text, create_exclusive, remove_temporaries
 from fastmace.io.frames import Frame, make_frame
 from fastmace.io.plot import PLOT_FILE, plot_thermo
 from fastmace.io.restart import Restart, load_restart, save_restart
 from fastmace.io.run_lock import LOCK_NAME, LockHeld, LockOwner, RunLock, held_by_live_process
 from fastmace.io.schedule import OutputSchedule
 from fastmace.io.thermo import ThermoLog, truncate_thermo
+from fastmace.runtime.atomic import atomic_write_text, create_exclusive, remove_temporaries
 
 RUN_FORMAT = "fastmace-run"
 RUN_VERSION = 1

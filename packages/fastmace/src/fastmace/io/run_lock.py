@@ -1,7 +1,7 @@
 """Who runs a run directory: ``run.lock``, so that two processes never write one run at once.
 
 The lock file holds the owner's host, process id and process start time. It is created
-atomically (:func:`fastmace.io.atomic.create_exclusive`: a hard link, atomic on NFS too),
+atomically (:func:`fastmace.runtime.atomic.create_exclusive`: a hard link, atomic on NFS too),
 touched while the run goes on (its modification time is the owner's heartbeat, at most every
 ``HEARTBEAT_EVERY_S``), and removed when the run's output is closed.
 
@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fastmace.io.atomic import create_exclusive
+from fastmace.runtime.atomic import create_exclusive
 from fastmace.runtime.process_clock import process_start_ticks, process_state
 
 LOCK_NAME = "run.lock"

@@ -26,8 +26,8 @@ from fastmace.models.checkpoint import (
     model_dtype,
 )
 from fastmace.models.cueq_descriptors import descriptors_cached_on_disk
-from fastmace.models.quiet import library_noise_silenced
 from fastmace.models.reference import check_structure, evaluate
+from fastmace.runtime.quiet import library_noise_silenced
 from fastmace.vocabulary import BACKENDS
 
 

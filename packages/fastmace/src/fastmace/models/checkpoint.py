@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fastmace.models.quiet import library_noise_silenced
+from fastmace.runtime.quiet import library_noise_silenced
 
 if TYPE_CHECKING:
     from fastmace.models.files import ModelFile
@@ -35,7 +35,7 @@ class NotAMaceModelError(ValueError):
 def contained() -> Iterator[None]:
     """Undo what mace-torch and its libraries do to the process: default dtype, environment
     variables (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` above all), warning filters; the libraries'
-    warnings about their own code are not shown (:mod:`fastmace.models.quiet`), and the
+    warnings about their own code are not shown (:mod:`fastmace.runtime.quiet`), and the
     models built in the block share no rounded constants (:func:`clebsch_gordan_in_float64`)."""
     dtype = torch.get_default_dtype()
     environ = dict(os.environ)

@@ -31,8 +31,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from fastmace.io.atomic import atomic_write
 from fastmace.runtime import vouched
+from fastmace.runtime.atomic import atomic_write
 from fastmace.runtime.cache import cache_dir
 
 

@@ -34,7 +34,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from fastmace.models.quiet import Noise, warnings_silenced
 from fastmace.oeq import build_cache, choice, toolchain
 from fastmace.oeq.cuda_home import CudaHome, prepare_cuda_home
 from fastmace.oeq.extension_loader import (
@@ -45,6 +44,7 @@ from fastmace.oeq.extension_loader import (
 from fastmace.oeq.stderr_filter import stderr_lines_dropped
 from fastmace.runtime import environment
 from fastmace.runtime.cache import cache_dir, cache_root
+from fastmace.runtime.quiet import Noise, warnings_silenced
 
 PREBUILT, IN_PROCESS, UNAVAILABLE, FAILED = "prebuilt", "in-process", "unavailable", "failed"
 # OpenEquivariance 0.7.0's import notice, which lists its reasons first ("Environment variable

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from fastmace.io.atomic import atomic_write_text
+from fastmace.runtime.atomic import atomic_write_text
 
 FORMAT = 1
 
