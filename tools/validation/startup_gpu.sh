@@ -52,6 +52,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 51  # where a large cell's memory goes
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 52  # gpu tests; no-grad weights, default path
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 53  # large cells: each chunk timed, memory by owner
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 54  # the ensembles on the demo model, 20 ps
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -726,6 +727,13 @@ for key in ("live_at_peak", "live_at_end"):
     for row in (d.get(key) or [])[:10]:
         print(key, row)
 PY
+  ;;
+54)
+  # Issue 33, item 7: the ensembles on the demo model itself, 64 replicas of 32 Cu atoms for
+  # 20 ps each (Langevin at 1/ps and 10/ps, CSVR, Nose-Hoover chain, NPT at 0 GPa).
+  timeout 560 python3 tools/validation/demo_ensembles.py --out "$OUT/ensembles" \
+    --ps ${ENSEMBLE_PS:-20} --replicas ${ENSEMBLE_REPLICAS:-64} 2>&1 | grep -v Warn | tail -8
+  find "$OUT/ensembles" -name thermo.csv -delete
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),

@@ -250,7 +250,9 @@ def md(
     ``temperature_K``, ``friction_per_ps``, ``tau_fs``, ``chain_length``, ``pressure_GPa`` or
     ``pressure_bar``, ``thermostat_tau_fs``, ``barostat_tau_fs``, ``compressibility_per_GPa``,
     ``cell_mode`` ("isotropic", "per_axis", "full"). Velocities are drawn at
-    ``initial_temperature_K`` (default: ``temperature_K``, for a structure without velocities).
+    ``initial_temperature_K``. By default, for a structure without velocities, they are drawn
+    at ``temperature_K``, and at twice it for a system at rest at an energy minimum (largest
+    first force below 0.05 eV/Å), so that equipartition leaves it at ``temperature_K``.
 
     ``model`` is a label (its file must be present: ``fastmace models fetch`` downloads; this
     function never does), ``template:NAME`` or a path. A path needs ``sha256=`` (the file's
@@ -401,10 +403,12 @@ def md(
         saved = saved_timestep_fs(batches[0] if batches else output) if resume else None
         timestep_fs = DEFAULT_TIMESTEP_FS if saved is None else saved
     units, structures = request.units, request.structures
+    drawn_by_default = False  # the velocities are ours to choose (thermal_start.py)
     if initial_temperature_K is None and not resume:
         has_velocities = any(abs(atoms.get_velocities()).max() > 0 for atoms in structures)
         if not has_velocities:
             initial_temperature_K = ensemble_settings.get("temperature_K")
+            drawn_by_default = initial_temperature_K is not None
     if trajectory_format == "none":
         trajectory_every = 0  # "none" writes no frames, whatever the interval says
     plan = _plan(
@@ -420,6 +424,7 @@ def md(
         seed=seed,
         schedule=OutputSchedule(trajectory_every, thermo_every, restart_every),
         initial_temperature_K=initial_temperature_K,
+        start_at_equipartition=drawn_by_default,
         trajectory_format=trajectory_format,
         temperature_schedule=schedule,
         pressure_schedule=pressures,

@@ -132,9 +132,10 @@ def merged_result(
     """One result for the request: structures and thermo rows in the request's order (each
     row's ``system`` counted over the request), ``heading`` (how the request was cut) and
     then the report of every part under a ``label`` heading of its own."""
-    structures, thermo, reports = [], [], []
+    structures, thermo, reports, means = [], [], [], []
     for number, (result, part) in enumerate(zip(results, parts, strict=True), start=1):
         structures += result.structures
+        means += result.mean_temperature_K
         for row in result.thermo:
             thermo.append({**row, "system": part.start + int(row.get("system", 0))})
         reports.append(
@@ -146,6 +147,8 @@ def merged_result(
         structures=structures, steps=first.steps, thermo=thermo,
         output=None if output is None else Path(output), timings=dict(first.timings),
         model=first.model, ensemble=first.ensemble, report=heading + "\n".join(reports),
+        mean_temperature_K=means if len(means) == len(structures) else [],
+        mean_from_step=first.mean_from_step,
     )  # fmt: skip
 
 

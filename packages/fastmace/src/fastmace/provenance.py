@@ -328,7 +328,7 @@ def simulation_metadata(
     """The ``metadata.json`` document of ``simulation`` as it stands (``status``)."""
     timings = {k: v for k, v in simulation.timings.items() if math.isfinite(v)}
     gate, plan = simulation.gate, simulation.plan
-    return run_metadata(
+    document = run_metadata(
         model=simulation.model, structures=simulation.structures, settings=simulation.settings,
         engine_settings=simulation.engine_settings, engine=engine_record(simulation),
         status=status, timings=timings, error=error,
@@ -338,6 +338,9 @@ def simulation_metadata(
         backend_reason=backend_reason(simulation), charges=simulation.charges,
         spins=simulation.spins,
     )  # fmt: skip
+    started = getattr(simulation, "thermal_start", None)  # set once the first forces are in
+    document["settings"]["thermal_start"] = None if started is None else started.to_dict()
+    return document
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -477,6 +480,9 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         f"gate:      {gate}",
         f"dispersion: {_dispersion_summary(engine.force_field.dispersion)}",
     ]
+    started = getattr(simulation, "thermal_start", None)
+    if started is not None and (start := started.describe()) is not None:
+        lines.append(f"start:     {start}")
     if simulation.charges is not None and simulation.spins is not None:
         from fastmace.charges import describe
 
@@ -504,8 +510,11 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
             f"neighbouring pair {rates} ({sum(tried)} tried)"
         )
     many = len(result.thermo) > 1
+    means = result.mean_temperature_K
     for index, last in enumerate(result.thermo[:MAX_SYSTEMS_REPORTED]):
         state = f"T = {last.get('temperature_K', float('nan')):.1f} K"
+        if index < len(means):  # what the run sampled, not one instant
+            state += f" (mean from step {result.mean_from_step}: {means[index]:.1f} K)"
         if last.get("pressure_GPa") is not None:
             state += f", P = {last['pressure_GPa']:.3f} GPa"
         label = f"final {index}:" if many else "final:"

@@ -33,6 +33,11 @@ class RunSettings:
     schedule: OutputSchedule = field(default_factory=OutputSchedule)
     initial_temperature_K: float | None = None
     """Draw Maxwell-Boltzmann velocities at this temperature (None: keep the structure's)."""
+    start_at_equipartition: bool = False
+    """The velocities are FastMACE's default draw (the structure had none and no initial
+    temperature was asked for): a system whose first forces show it at rest at an energy
+    minimum starts at twice ``initial_temperature_K``, which equipartition halves
+    (:mod:`fastmace.dynamics.thermal_start`)."""
     trajectory_format: str = "auto"
     temperature_schedule: TemperatureSchedule | None = None
     """The thermostat's target over the run (anneal, quench); None: the ensemble's own."""
@@ -96,6 +101,10 @@ class MDResult:
     ensemble: str
     report: str = ""
     """The final report: one screen (also saved as report.txt)."""
+    mean_temperature_K: list[float] = field(default_factory=list)
+    """Each system's mean temperature over the thermo rows of the run's second half (from
+    step ``mean_from_step``), in system order; empty when the run has no temperature."""
+    mean_from_step: int | None = None
 
     def summary(self) -> str:
         speed = self.timings.get("steps_per_s", float("nan"))
@@ -110,6 +119,34 @@ class MDResult:
         elif temperatures:  # a batch: one per system, in system order
             shown = ", ".join(f"{t:.1f}" for t in temperatures)
             text += f"; final T = {shown} K (per system)"
+        if len(self.mean_temperature_K) == 1:
+            text += f", mean T from step {self.mean_from_step} = {self.mean_temperature_K[0]:.1f} K"
+        elif self.mean_temperature_K:
+            shown = ", ".join(f"{t:.1f}" for t in self.mean_temperature_K)
+            text += f", mean T from step {self.mean_from_step} = {shown} K"
         if self.output is not None:
             text += f"; output in {self.output}"
         return text
+
+
+class SecondHalfMean:
+    """Each system's mean temperature over the thermo rows from the middle of the run on
+    (a resumed run: over the rows this process wrote, from its restart or the middle)."""
+
+    def __init__(self, total_steps: int, start_step: int = 0) -> None:
+        self.from_step = max(start_step, -(-total_steps // 2))
+        self._sums: dict[int, float] = {}
+        self._counts: dict[int, int] = {}
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            temperature = row.get("temperature_K")
+            if row["step"] < self.from_step or temperature is None:
+                continue
+            system = int(row.get("system", 0))
+            self._sums[system] = self._sums.get(system, 0.0) + float(temperature)
+            self._counts[system] = self._counts.get(system, 0) + 1
+
+    def means(self) -> list[float]:
+        """In system order; empty when no row carried a temperature."""
+        return [self._sums[s] / self._counts[s] for s in sorted(self._sums)]

@@ -35,6 +35,7 @@ from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
 from fastmace.dynamics.neighbours import DEFAULT_CELL_MARGIN, NeighbourList
 from fastmace.dynamics.replica_exchange import ReplicaExchange
 from fastmace.dynamics.state import State
+from fastmace.dynamics.thermal_start import ThermalStart, equipartition_start
 from fastmace.dynamics.thermo import thermo_rows
 from fastmace.io import Progress, RunDirectory, RunOutput
 from fastmace.io.plot import can_plot
@@ -50,7 +51,7 @@ from fastmace.resuming import (
     saved_restart,
     too_few_steps,
 )
-from fastmace.runs import MDResult, RunSettings
+from fastmace.runs import MDResult, RunSettings, SecondHalfMean
 from fastmace.runtime.compile_costs import CompileIdentity, record_cost_s
 from fastmace.runtime.process_clock import seconds_since_process_start
 from fastmace.vocabulary import SETUP_PROGRESS_ATOMS
@@ -187,6 +188,10 @@ class Simulation:
                 state,
             )
             setup_parts["setup_first_forces_s"] = time.perf_counter() - tick
+            # Our own draw from rest at a minimum starts at twice the target (thermal_start.py).
+            self.thermal_start: ThermalStart | None = None
+            if settings.start_at_equipartition and restart is None:
+                md, self.thermal_start = equipartition_start(md)
             if say:
                 seconds = setup_parts["setup_first_forces_s"]
                 setup_note(progress, f"first forces in {seconds:.1f} s")
@@ -354,6 +359,7 @@ class Simulation:
             if self.exchange is not None:  # which rung of the ladder each walker is at
                 for row, rung in zip(rows, self.exchange.local_rungs(), strict=True):
                     row["rung"] = rung
+            self.second_half.add(rows)
         if self.output is None:
             return rows
         writes_frames = self.output.trajectory_path is not None  # not with format "none"
@@ -477,6 +483,7 @@ class Simulation:
             total, settings.timestep_fs, start_step=step, stream=self.progress_stream
         )
         rows: list[dict[str, Any]] = []
+        self.second_half = SecondHalfMean(total, self.start_step)
         first_block_s = steady_s = 0.0
         steady_steps = 0
         try:
@@ -536,6 +543,7 @@ class Simulation:
             rows = thermo_rows(
                 self.engine.md, self.engine.force_field.stress_at, step, self.time_fs(step)
             )
+            self.second_half.add(rows)
         self._leave_exchange_group()
         self.timings["first_block_s"] = first_block_s
         if steady_steps:
@@ -555,6 +563,8 @@ class Simulation:
             timings=dict(self.timings),
             model=self.model.name,
             ensemble=settings.ensemble.describe(),
+            mean_temperature_K=self.second_half.means(),
+            mean_from_step=self.second_half.from_step,
         )
         if self.output is not None and self.output.directory.thermo_path.is_file() and can_plot():
             self.plot = self.output.write_plot()  # without matplotlib the report says how
