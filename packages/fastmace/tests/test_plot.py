@@ -129,3 +129,55 @@ def test_fastmace_plot_draws_a_relaxation_from_its_relax_csv(clean_env, tmp_path
     assert result.stdout.strip() == f"wrote {run / 'relax.png'}"
     assert png_size(run / "relax.png") == (1000, 600)
     assert not (run / "thermo.png").exists()
+
+
+def test_the_targets_come_from_the_runs_metadata(tmp_path):
+    import json
+
+    from fastmace.io.plot import run_settings, run_targets
+
+    def settings(ensemble_settings, **more):
+        path = tmp_path / "metadata.json"
+        path.write_text(json.dumps({"settings": {"ensemble_settings": ensemble_settings,
+                                                 "timestep_fs": 2.0, **more}}))  # fmt: skip
+        return run_settings(path)
+
+    assert run_targets(settings({"temperature_K": 300.0})) == {"temperature_K": 300.0}
+    ladder = settings({"temperature_K": [300.0, 350.0]})
+    assert run_targets(ladder) == {"temperature_K": [300.0, 350.0]}
+    npt = settings({"temperature_K": 300.0, "pressure_bar": 1e4})
+    assert run_targets(npt) == {"temperature_K": 300.0, "pressure_GPa": 1.0}
+    anneal = {"points": [[0, 300.0], [100, 600.0]], "mode": "linear"}
+    scheduled = settings({"temperature_K": 300.0}, temperature_schedule=anneal)
+    assert run_targets(scheduled) == {"temperature_K": anneal}
+    assert run_settings(tmp_path / "missing.json") == {}
+
+
+def test_a_target_is_a_dashed_line_and_a_schedule_follows_its_points():
+    from matplotlib.figure import Figure
+
+    from fastmace.io.plot import _draw_target
+
+    ax = Figure().subplots()
+    _draw_target(ax, [300.0, 350.0, 300.0], timestep_fs=2.0)
+    assert sorted(line.get_ydata()[0] for line in ax.lines) == [300.0, 350.0]
+    assert {line.get_linestyle() for line in ax.lines} == {"--"}
+    ax = Figure().subplots()
+    _draw_target(ax, {"points": [[0, 300.0], [500, 600.0]], "mode": "linear"}, timestep_fs=2.0)
+    (line,) = ax.lines
+    assert list(line.get_xdata()) == [0.0, 1.0] and list(line.get_ydata()) == [300.0, 600.0]
+
+
+def test_a_real_run_plots_its_target_and_conserved_energy(tmp_path):
+    import io
+
+    import ase.io
+
+    import fastmace as fm
+    from fastmace.io.plot import read_series
+
+    fm.md(ase.io.read(EXAMPLE), steps=10, temperature_K=300.0, thermo_every=5,
+          output=tmp_path / "run", progress=io.StringIO())  # fmt: skip
+    series = read_series(tmp_path / "run" / "thermo.csv")[0]
+    assert len(series["conserved_energy_eV"]) == 3  # Langevin's, read for the plot
+    assert png_size(tmp_path / "run" / "thermo.png") == (1000, 800)

@@ -1,5 +1,9 @@
 """The run's plot: temperature, energies, pressure and volume against time, from thermo.csv.
 
+The targets the run asked for (temperature, pressure, or their schedules over time) are drawn
+as dashed lines, read from metadata.json beside thermo.csv; a thermostat's conserved energy is
+drawn with the total energy, which it should hold steady where the total does not.
+
 matplotlib is optional (``pip install "fastmace[plot]"``). The figure is drawn on its own Agg
 canvas, so neither pyplot's global state nor the user's chosen backend is touched.
 """
@@ -8,8 +12,10 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import math
 from pathlib import Path
+from typing import Any
 
 from fastmace.runtime.atomic import atomic_write
 
@@ -30,8 +36,10 @@ PANELS = (
     ("potential_energy_eV", "potential energy (eV)"),
     ("volume_A3", "volume (Å³)"),
     ("kinetic_energy_eV", "kinetic energy (eV)"),
-    ("total_energy_eV", "total energy (eV)"),
+    ("total_energy_eV", "total energy (eV); dashed: conserved"),
 )
+CONSERVED = "conserved_energy_eV"  # drawn dashed in the total energy's panel
+GPA_PER_BAR = 1e-4
 
 
 class PlotUnavailableError(ImportError):
@@ -63,9 +71,62 @@ def read_series(thermo_csv: Path) -> dict[int, dict[str, list[float]]]:
     for row in rows:
         system = series.setdefault(int(row.get("system") or 0), {"time_ps": []})
         system["time_ps"].append(_number(row["time_fs"]) / 1000.0)
-        for column, _ in PANELS:
+        for column in (*(column for column, _ in PANELS), CONSERVED):
             system.setdefault(column, []).append(_number(row.get(column)))
     return series
+
+
+def run_settings(metadata_json: Path) -> dict[str, Any]:
+    """The ``settings`` of a run's metadata.json; empty when there is none to read (a
+    thermo.csv copied alone: the plot then has no targets)."""
+    try:
+        settings = json.loads(Path(metadata_json).read_text(encoding="utf-8"))["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
+def run_targets(settings: dict[str, Any]) -> dict[str, Any]:
+    """What the run asked for: {"temperature_K": a number, a list per system or a
+    schedule's points, "pressure_GPa": likewise}; empty when unknown."""
+    ensemble = settings.get("ensemble_settings") or {}
+    targets: dict[str, Any] = {}
+    schedule = settings.get("temperature_schedule")
+    if schedule:
+        targets["temperature_K"] = schedule
+    elif ensemble.get("temperature_K") is not None:
+        targets["temperature_K"] = ensemble["temperature_K"]
+    schedule = settings.get("pressure_schedule")
+    if schedule:
+        targets["pressure_GPa"] = schedule
+    elif ensemble.get("pressure_GPa") is not None:
+        targets["pressure_GPa"] = ensemble["pressure_GPa"]
+    elif ensemble.get("pressure_bar") is not None:
+        bar = ensemble["pressure_bar"]
+        targets["pressure_GPa"] = (
+            [b * GPA_PER_BAR for b in bar] if isinstance(bar, list) else bar * GPA_PER_BAR
+        )
+    return targets
+
+
+def _draw_target(ax: Any, target: Any, timestep_fs: float | None) -> None:
+    """A dashed line at each target value, or along a schedule's points (needs the
+    timestep, to put its steps on the time axis)."""
+    style = {"color": "black", "linestyle": "--", "linewidth": 1, "label": "target"}
+    if isinstance(target, dict):
+        if timestep_fs is None:
+            return
+        points = target.get("points") or []
+        times = [step * timestep_fs / 1000.0 for step, _ in points]
+        values = [value for _, value in points]
+        if target.get("mode") == "step":
+            ax.step(times, values, where="post", **style)
+        else:
+            ax.plot(times, values, **style)
+        return
+    for value in sorted(set(target if isinstance(target, list) else [target])):
+        ax.axhline(value, **style)
+        style["label"] = None
 
 
 def _number(text: str | None) -> float:
@@ -84,19 +145,27 @@ def plot_thermo(thermo_csv: Path, png: Path) -> Path:
     from matplotlib.figure import Figure
 
     series = read_series(thermo_csv)
+    settings = run_settings(Path(thermo_csv).parent / "metadata.json")
+    targets = run_targets(settings)
+    timestep_fs = settings.get("timestep_fs")
     figure = Figure(figsize=(10, 8), layout="constrained")
     FigureCanvasAgg(figure)  # the figure's own canvas: no pyplot, no global backend
     axes = figure.subplots(3, 2, sharex=True).ravel()
     for ax, (column, title) in zip(axes, PANELS, strict=True):
         for system, values in series.items():
             label = f"system {system}" if len(series) > 1 else None
-            ax.plot(values["time_ps"], values[column], label=label, linewidth=1)
+            line = ax.plot(values["time_ps"], values[column], label=label, linewidth=1)[0]
+            if column == "total_energy_eV" and not all(map(math.isnan, values[CONSERVED])):
+                ax.plot(values["time_ps"], values[CONSERVED], linewidth=1, linestyle="--",
+                        color=line.get_color())  # fmt: skip
         if all(math.isnan(v) for values in series.values() for v in values[column]):
             ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+        elif column in targets:
+            _draw_target(ax, targets[column], timestep_fs)
         ax.set_title(title, fontsize="medium")
     for ax in axes[-2:]:
         ax.set_xlabel("time (ps)")
-    if 1 < len(series) <= 10:  # a larger batch's legend would hide the lines
+    if len(series) <= 10 and (len(series) > 1 or targets):  # more would hide the lines
         axes[0].legend(fontsize="small")
     figure.suptitle(str(Path(thermo_csv).resolve().parent.name))
     png = Path(png)
