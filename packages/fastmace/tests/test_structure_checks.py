@@ -48,3 +48,33 @@ def test_the_pairwise_search_finds_what_ase_finds(monkeypatch):
     assert len(expected[0]) > 0
     for ours, theirs in zip(found, expected, strict=True):
         np.testing.assert_allclose(ours, theirs, atol=1e-12)
+
+
+def test_a_geometry_found_apart_is_not_searched_again_but_a_changed_one_is(monkeypatch):
+    """fm.md's preflight and its Simulation check the same structures: the second close-pair
+    search is skipped, but a moved atom, another cell or another periodicity is searched."""
+    searched = []
+    search = checks._close_pairs
+
+    def counted(atoms, cutoff):
+        searched.append(len(atoms))
+        return search(atoms, cutoff)
+
+    monkeypatch.setattr(checks, "_close_pairs", counted)
+    atoms = ase.io.read(EXAMPLE)
+    atoms.positions[0, 0] += 1e-9  # a geometry no other test has checked
+    check_structures([atoms], None)
+    check_structures([atoms.copy()], None)
+    assert len(searched) == 1
+    moved = atoms.copy()
+    moved.positions[3] = moved.positions[4] + [0.1, 0.0, 0.0]  # now overlapping
+    with pytest.raises(StructureError, match="only 0.100 Å apart"):
+        check_structures([moved], None)
+    with pytest.raises(StructureError, match="only 0.100 Å apart"):  # a failure is not kept
+        check_structures([moved], None)
+    stretched = atoms.copy()
+    stretched.set_cell(atoms.cell * 1.01, scale_atoms=False)
+    open_ = atoms.copy()
+    open_.pbc = False
+    check_structures([stretched, open_], None)
+    assert len(searched) == 5
