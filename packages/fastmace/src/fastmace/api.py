@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from fastmace.planner import EngineConfig, GuardConfig, Plan, Workload
     from fastmace.relaxation import RelaxResult
     from fastmace.runner import RunnerConfig
-    from fastmace.simulation import MDResult
+    from fastmace.simulation import MDResult, RunSettings
 
 
 def _pressure_GPa(settings: dict[str, Any]) -> float | None:
@@ -340,16 +341,65 @@ def md(
     arguments = dict(locals())
     for name in ("structure", "progress", "runner", "ensemble_settings"):
         del arguments[name]
-    child = child_run.current()  # the runner's or a spread ladder's child (fastmace.child_run)
-    in_child_process = child is not None
-    called = time.perf_counter()  # the start of the run's start-up timings
     arguments.update(ensemble_settings)
-    for name, given in (("temperature_schedule", temperature_schedule),
-                        ("pressure_schedule", pressure_schedule)):  # fmt: skip
-        if isinstance(given, TemperatureSchedule):  # plain data for a child process
-            arguments[name] = given.to_dict()
-    if check not in (None, "gate"):
-        raise ValueError(f"check must be None or 'gate', got {check!r}")
+    call = _check_call(structure, arguments, ensemble_settings, runner)
+    if gpus is not None and not call.in_child_process:
+        slots = _gpu_slots(gpus, device, call.runner)
+        if len(slots) > 1:
+            from fastmace.spread import run_spread
+
+            structures = call.request.structures
+            return run_spread(arguments, structures, slots, call.runner, progress or sys.stderr)
+    if call.runner.subprocess and not call.in_child_process:
+        from fastmace.runner import run_in_subprocess
+
+        return run_in_subprocess(arguments, call.request.units, call.runner, progress)
+    settings, plan = _settings_and_plan(call)
+    with _planned_environment(plan):
+        prepared = _load_and_gate(call, plan, settings)
+        parts = _partition(call, prepared)
+        return _run_parts(call, settings, prepared, parts, progress)
+
+
+# -- fm.md's stages, in the order it runs them ------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """fm.md's request, checked before a model is loaded or a directory made: the keyword
+    arguments as given (what a child process gets), preflight's structures and units, the
+    one EngineConfig, the runner, and whether this process is a child of another run."""
+
+    arguments: dict[str, Any]
+    ensemble_settings: dict[str, Any]
+    request: Any  # fastmace.preflight.CheckedRequest
+    config: EngineConfig
+    runner: RunnerConfig
+    child: Any  # fastmace.child_run's record, in a child process
+    called: float  # time.perf_counter() of the request: the start of the start-up timings
+
+    @property
+    def in_child_process(self) -> bool:
+        return self.child is not None
+
+
+def _check_call(
+    structure: Structure,
+    arguments: dict[str, Any],
+    ensemble_settings: dict[str, Any],
+    runner: RunnerConfig | None,
+) -> _Call:
+    """Stage 1, the request: every check that needs neither the model nor a directory."""
+    from fastmace.preflight import check_request
+    from fastmace.runner import RunnerConfig
+
+    child = child_run.current()  # the runner's or a spread ladder's child (fastmace.child_run)
+    called = time.perf_counter()
+    for name in ("temperature_schedule", "pressure_schedule"):
+        if isinstance(arguments[name], TemperatureSchedule):  # plain data for a child process
+            arguments[name] = arguments[name].to_dict()
+    if arguments["check"] not in (None, "gate"):
+        raise ValueError(f"check must be None or 'gate', got {arguments['check']!r}")
     if "capture" in ensemble_settings:
         raise TypeError("fm.md's capture= is now graphs=, the name EngineConfig and the plan use")
     unknown = sorted(set(ensemble_settings) - set(ENSEMBLE_SETTINGS))
@@ -358,43 +408,48 @@ def md(
             f"fm.md got unknown arguments {', '.join(unknown)}; the ensemble settings are: "
             f"{', '.join(ENSEMBLE_SETTINGS)}"
         )
-    from fastmace.preflight import check_request
-    from fastmace.runner import RunnerConfig, run_in_subprocess, runner_record
-
     runner = RunnerConfig() if runner is None else runner
     if not isinstance(runner, RunnerConfig):
         raise TypeError(f"runner must be an fm.RunnerConfig or None, got {runner!r}")
     config = engine_config(
-        config, backend=backend, dtype=dtype, block_steps=block_steps, skin_A=skin_A,
-        graphs=graphs, compile=compile, matmul_precision=matmul_precision,
-        radial_table=radial_table, guard=guard, max_batch_atoms=max_batch_atoms,
-    )  # fmt: skip
+        arguments["config"], **{name: arguments[name] for name in _ENGINE_KEYWORDS}
+    )
     # Charges for a label or template without a long-range part: refused before its file is
     # looked for.
-    _refuse_charge_for_local(model, _named_model_type(model), charge, spin)
-    # Everything that can be checked before a model is loaded or a directory created.
+    model = arguments["model"]
+    _refuse_charge_for_local(model, _named_model_type(model), arguments["charge"],
+                             arguments["spin"])  # fmt: skip
     request = check_request(structure, arguments, runner.environment)
-    if gpus is not None and not in_child_process:
-        slots = _gpu_slots(gpus, device, runner)
-        if len(slots) > 1:
-            from fastmace.spread import run_spread
+    return _Call(arguments, dict(ensemble_settings), request, config, runner, child, called)
 
-            return run_spread(arguments, request.structures, slots, runner, progress or sys.stderr)
-    if runner.subprocess and not in_child_process:
-        return run_in_subprocess(arguments, request.units, runner, progress)
+
+# fm.md's keywords that are EngineConfig's fields of the same names.
+_ENGINE_KEYWORDS = (
+    "backend", "dtype", "block_steps", "skin_A", "graphs", "compile", "matmul_precision",
+    "radial_table", "guard", "max_batch_atoms",
+)  # fmt: skip
+
+
+def _settings_and_plan(call: _Call) -> tuple[RunSettings, Plan]:
+    """Stage 2, what to run: the ensemble (a schedule's start as its target), the timestep (a
+    resumed run keeps its own), the velocities' start, the output schedule, and the plan made
+    before the model loads."""
     from fastmace.dynamics.ensembles import ensemble as make_ensemble
     from fastmace.io import OutputSchedule
-    from fastmace.simulation import RunSettings, Simulation
+    from fastmace.simulation import RunSettings
 
-    schedule = (
-        None if temperature_schedule is None else TemperatureSchedule.coerce(temperature_schedule)
-    )
-    if schedule is not None and ensemble_settings.get("temperature_K") is None:
-        ensemble_settings["temperature_K"] = schedule.points[0][1]  # the schedule's start
-    pressures = None if pressure_schedule is None else PressureSchedule.coerce(pressure_schedule)
-    if pressures is not None and ensemble_settings.get("pressure_GPa") is None:
-        ensemble_settings["pressure_GPa"] = pressures.points[0][1]
-    chosen = make_ensemble(ensemble, **ensemble_settings)
+    given, settings = call.arguments, dict(call.ensemble_settings)
+    temperatures = given["temperature_schedule"]
+    schedule = None if temperatures is None else TemperatureSchedule.coerce(temperatures)
+    if schedule is not None and settings.get("temperature_K") is None:
+        settings["temperature_K"] = schedule.points[0][1]  # the schedule's start
+    pressures = given["pressure_schedule"]
+    pressures = None if pressures is None else PressureSchedule.coerce(pressures)
+    if pressures is not None and settings.get("pressure_GPa") is None:
+        settings["pressure_GPa"] = pressures.points[0][1]
+    chosen = make_ensemble(given["ensemble"], **settings)
+    output, resume = given["output"], given["resume"]
+    timestep_fs = given["timestep_fs"]
     if timestep_fs is None:  # a resumed run keeps its timestep unless another is given
         from fastmace.batching import batch_directories
         from fastmace.resuming import saved_timestep_fs
@@ -402,132 +457,184 @@ def md(
         batches = batch_directories(output) if resume else []
         saved = saved_timestep_fs(batches[0] if batches else output) if resume else None
         timestep_fs = DEFAULT_TIMESTEP_FS if saved is None else saved
-    units, structures = request.units, request.structures
+    structures = call.request.structures
+    initial_temperature_K = given["initial_temperature_K"]
     drawn_by_default = False  # the velocities are ours to choose (thermal_start.py)
     if initial_temperature_K is None and not resume:
         has_velocities = any(abs(atoms.get_velocities()).max() > 0 for atoms in structures)
         if not has_velocities:
-            initial_temperature_K = ensemble_settings.get("temperature_K")
+            initial_temperature_K = settings.get("temperature_K")
             drawn_by_default = initial_temperature_K is not None
-    if trajectory_format == "none":
+    trajectory_every = given["trajectory_every"]
+    if given["trajectory_format"] == "none":
         trajectory_every = 0  # "none" writes no frames, whatever the interval says
     plan = _plan(
-        structures, config, ensemble=chosen.name,
+        structures, call.config, ensemble=chosen.name,
         temperature_K=chosen.settings.get("temperature_K"),
-        pressure_GPa=_pressure_GPa(chosen.settings), steps=steps, timestep_fs=timestep_fs,
-        reproducible=reproducible, device=device or "auto", long_range=_is_long_range(model),
+        pressure_GPa=_pressure_GPa(chosen.settings), steps=given["steps"],
+        timestep_fs=timestep_fs, reproducible=given["reproducible"],
+        device=given["device"] or "auto", long_range=_is_long_range(given["model"]),
     )  # fmt: skip
-    settings = RunSettings(
-        ensemble=chosen,
-        steps=steps,
-        timestep_fs=timestep_fs,
-        seed=seed,
-        schedule=OutputSchedule(trajectory_every, thermo_every, restart_every),
+    run = RunSettings(
+        ensemble=chosen, steps=given["steps"], timestep_fs=timestep_fs, seed=given["seed"],
+        schedule=OutputSchedule(trajectory_every, given["thermo_every"], given["restart_every"]),
         initial_temperature_K=initial_temperature_K,
         start_at_equipartition=drawn_by_default,
-        trajectory_format=trajectory_format,
-        temperature_schedule=schedule,
-        pressure_schedule=pressures,
-        dispersion=dispersion,
-        dispersion_functional=dispersion_functional,
-        exchange_every=exchange_every,
-        charge=request.charge,
-        spin=request.spin,
-    )
-    # A resumed request keeps its batches; an explicit limit is checked before anything is
-    # loaded; on CUDA, without one, the batches are sized from measured memory (after the load).
+        trajectory_format=given["trajectory_format"], temperature_schedule=schedule,
+        pressure_schedule=pressures, dispersion=given["dispersion"],
+        dispersion_functional=given["dispersion_functional"],
+        exchange_every=given["exchange_every"], charge=call.request.charge,
+        spin=call.request.spin,
+    )  # fmt: skip
+    return run, plan
+
+
+@dataclasses.dataclass
+class _Prepared:
+    """What stage 3 made: the model loaded (and gated), the plan it runs by, each system's
+    charge and spin, the gate's result and the backends it replaced, start-up phases."""
+
+    model: LoadedModel
+    plan: Plan
+    charges: list[float] | None
+    spins: list[float] | None
+    gate: Any
+    fallbacks: list[dict[str, Any]]
+    phases: dict[str, float]
+
+
+def _load_and_gate(call: _Call, plan: Plan, settings: RunSettings) -> _Prepared:
+    """Stage 3, the model: loaded as planned (and the plan made again with its facts), each
+    system's charge and spin checked, and with check="gate" checked against mace-torch in a
+    child process, a failing backend replaced by the next."""
+    given = call.arguments
+    tick = time.perf_counter()
+    loaded, plan = _load_and_plan(
+        given["model"], plan, head=given["head"], checkpoint=given["checkpoint"],
+        sha256=given["sha256"], trusted=given["trusted"], seed=given["seed"],
+    )  # fmt: skip
+    phases = {"load_s": time.perf_counter() - tick}  # with conversion and its checks
+    phases.update({f"load_{part}": seconds for part, seconds in loaded.timings.items()})
+    from fastmace.simulation import run_charges_and_spins
+
+    structures = call.request.structures
+    charges, spins = run_charges_and_spins(settings, loaded, structures)
+    gate, fallbacks = None, []
+    if given["check"] == "gate":
+        tick = time.perf_counter()
+        from fastmace.gate import gate_with_fallback, reduced_structure
+
+        engine = plan.engine_settings()
+        candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
+        checked = reduced_structure(structures[0], call.request.units[0])
+        first = (charges[0], spins[0]) if charges and spins else (None, None)
+        gated = gate_with_fallback(
+            loaded, _gated_structure(checked.atoms, *first), candidates=candidates,
+            environment=call.runner.environment, structure=checked.description,
+            matmul_precision=engine.matmul_precision, radial_table=engine.radial_table,
+        )  # fmt: skip
+        loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
+        phases["gate_s"] = time.perf_counter() - tick
+    return _Prepared(loaded, plan, charges, spins, gate, fallbacks, phases)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parts:
+    """The request's systems cut into batches run one after another: the ranges, how their
+    size was chosen (for the report), and whether they are a resumed request's own."""
+
+    ranges: list[range]
+    sizing: str
+    resumed: bool
+
+
+def _partition(call: _Call, prepared: _Prepared) -> _Parts:
+    """Stage 4, the batches: a resumed request's own, at most ``max_batch_atoms`` each, or
+    on CUDA as many as the measured memory holds; open and periodic systems of a long-range
+    model never share one."""
     from fastmace.batching import saved_parts
 
-    resumed_parts = saved_parts(output, len(structures)) if resume else None
-    parts = resumed_parts or _batches(structures, config.max_batch_atoms, exchange_every)
-    if resumed_parts is not None:
+    given, config = call.arguments, call.config
+    structures, exchange_every = call.request.structures, given["exchange_every"]
+    resumed = saved_parts(given["output"], len(structures)) if given["resume"] else None
+    parts = resumed or _batches(structures, config.max_batch_atoms, exchange_every)
+    if resumed is not None:
         sizing = "Batches as recorded when the run started (batches.json)."
     elif config.max_batch_atoms is not None:
         sizing = f"At most {config.max_batch_atoms} atoms per batch (max_batch_atoms)."
     else:
         sizing = ""
-    with _planned_environment(plan):
-        tick = time.perf_counter()
-        loaded, plan = _load_and_plan(
-            model, plan, head=head, checkpoint=checkpoint, sha256=sha256, trusted=trusted,
-            seed=seed,
+    if resumed is None and config.max_batch_atoms is None and len(structures) > 1:
+        from fastmace.batching import measured_budget
+
+        budget = measured_budget(prepared.model, structures, prepared.plan.engine_settings().skin_A)
+        if budget is not None:
+            largest = max(len(atoms) for atoms in structures)
+            parts = _batches(structures, budget.max_atoms(largest), exchange_every)
+            sizing = budget.describe(largest)
+    if prepared.charges is not None:  # a long-range model: no batch mixes open and periodic
+        from fastmace.batching import OPEN_APART, open_systems, split_open_from_periodic
+
+        is_open = open_systems([atoms.pbc for atoms in structures])
+        split = split_open_from_periodic(parts, is_open)
+        if len(split) > len(parts):
+            parts, sizing = split, f"{sizing} {OPEN_APART}".strip()
+    return _Parts(list(parts), sizing, resumed is not None)
+
+
+def _run_parts(
+    call: _Call,
+    settings: RunSettings,
+    prepared: _Prepared,
+    parts: _Parts,
+    progress: TextIO | None,
+) -> MDResult:
+    """Stage 5, the run: one Simulation, or one per batch with their results merged."""
+    from fastmace.runner import runner_record
+    from fastmace.simulation import Simulation
+
+    given, structures = call.arguments, call.request.structures
+    output, resume = given["output"], given["resume"]
+    common = dict(
+        progress=progress, gate=prepared.gate, fallbacks=prepared.fallbacks,
+        plan=prepared.plan, called=call.called,
+        runner=runner_record(call.runner, in_child=call.in_child_process),
+    )  # fmt: skip
+    if len(parts.ranges) == 1:
+        from fastmace.dynamics.exchange_group import ExchangeGroup
+
+        saved = call.child.exchange_group if call.child is not None else None
+        group = None if saved is None else ExchangeGroup.from_dict(saved)
+        simulation = Simulation(
+            prepared.model, structures, settings, output, resume=resume,
+            phases=prepared.phases, exchange_group=group, **common,
         )  # fmt: skip
-        phases = {"load_s": time.perf_counter() - tick}  # with conversion and its checks
-        phases.update({f"load_{part}": seconds for part, seconds in loaded.timings.items()})
-        engine = plan.engine_settings()
-        from fastmace.simulation import run_charges_and_spins
+        return simulation.run()
+    from fastmace.batching import (
+        batch_output,
+        batch_settings,
+        batches_heading,
+        merged_result,
+        release_device_memory,
+        write_parts,
+    )
 
-        # A long-range model's charges and spins, checked before anything is created.
-        charges, spins = run_charges_and_spins(settings, loaded, structures)
-        gate, fallbacks = None, []
-        if check == "gate":
-            tick = time.perf_counter()
-            from fastmace.gate import gate_with_fallback, reduced_structure
-
-            candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
-            checked = reduced_structure(structures[0], units[0])
-            first = (charges[0], spins[0]) if charges and spins else (None, None)
-            gated = gate_with_fallback(
-                loaded, _gated_structure(checked.atoms, *first), candidates=candidates,
-                environment=runner.environment,
-                structure=checked.description, matmul_precision=engine.matmul_precision,
-                radial_table=engine.radial_table,
-            )  # fmt: skip
-            loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
-            phases["gate_s"] = time.perf_counter() - tick
-        if resumed_parts is None and config.max_batch_atoms is None and len(structures) > 1:
-            from fastmace.batching import measured_budget
-
-            budget = measured_budget(loaded, structures, engine.skin_A)
-            if budget is not None:
-                largest = max(len(atoms) for atoms in structures)
-                parts = _batches(structures, budget.max_atoms(largest), exchange_every)
-                sizing = budget.describe(largest)
-        if charges is not None:  # a long-range model: no batch mixes open and periodic
-            from fastmace.batching import OPEN_APART, open_systems, split_open_from_periodic
-
-            is_open = open_systems([atoms.pbc for atoms in structures])
-            split = split_open_from_periodic(parts, is_open)
-            if len(split) > len(parts):
-                parts, sizing = split, f"{sizing} {OPEN_APART}".strip()
-        if len(parts) == 1:
-            from fastmace.dynamics.exchange_group import ExchangeGroup
-
-            saved = child.exchange_group if child is not None else None
-            group = None if saved is None else ExchangeGroup.from_dict(saved)
-            simulation = Simulation(
-                loaded, structures, settings, output, resume=resume, progress=progress,
-                gate=gate, fallbacks=fallbacks, plan=plan, phases=phases, called=called,
-                runner=runner_record(runner, in_child=in_child_process), exchange_group=group,
-            )  # fmt: skip
-            return simulation.run()
-        from fastmace.batching import (
-            batch_output,
-            batch_settings,
-            batches_heading,
-            merged_result,
-            release_device_memory,
-            write_parts,
+    if not parts.resumed:
+        write_parts(output, parts.ranges, parts.sizing)
+    results = []
+    for number, part in enumerate(parts.ranges, start=1):
+        where = batch_output(output, number)
+        # A resumed request resumes the batches it had started and starts the others.
+        again = resume and where is not None and where.exists()
+        simulation = Simulation(
+            prepared.model, structures[part.start : part.stop],
+            batch_settings(settings, part, len(structures)), where, resume=again,
+            phases=prepared.phases if number == 1 else {}, **common,
         )  # fmt: skip
-
-        if resumed_parts is None:
-            write_parts(output, parts, sizing)
-        results = []
-        for number, part in enumerate(parts, start=1):
-            where = batch_output(output, number)
-            # A resumed request resumes the batches it had started and starts the others.
-            again = resume and where is not None and where.exists()
-            simulation = Simulation(
-                loaded, structures[part.start : part.stop],
-                batch_settings(settings, part, len(structures)), where, resume=again,
-                progress=progress, gate=gate, fallbacks=fallbacks, plan=plan,
-                phases=phases if number == 1 else {}, called=called,
-                runner=runner_record(runner, in_child=in_child_process),
-            )  # fmt: skip
-            results.append(simulation.run())
-            del simulation  # its graphs' memory pools, before the next batch is set up
-            release_device_memory()
-        return merged_result(results, parts, output, batches_heading(parts, sizing))
+        results.append(simulation.run())
+        del simulation  # its graphs' memory pools, before the next batch is set up
+        release_device_memory()
+    return merged_result(results, parts.ranges, output, batches_heading(parts.ranges, parts.sizing))
 
 
 def _gpu_slots(gpus: int | str, device: str | None, runner: RunnerConfig) -> list:
