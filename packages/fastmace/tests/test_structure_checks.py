@@ -68,9 +68,9 @@ def test_a_geometry_found_apart_is_not_searched_again_but_a_changed_one_is(monke
     assert len(searched) == 1
     moved = atoms.copy()
     moved.positions[3] = moved.positions[4] + [0.1, 0.0, 0.0]  # now overlapping
-    with pytest.raises(StructureError, match="only 0.100 Å apart"):
+    with pytest.raises(StructureError, match=r"only 0\.100 Å apart"):
         check_structures([moved], None)
-    with pytest.raises(StructureError, match="only 0.100 Å apart"):  # a failure is not kept
+    with pytest.raises(StructureError, match=r"only 0\.100 Å apart"):  # a failure is not kept
         check_structures([moved], None)
     stretched = atoms.copy()
     stretched.set_cell(atoms.cell * 1.01, scale_atoms=False)

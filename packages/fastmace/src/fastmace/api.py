@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from fastmace import child_run
 from fastmace.charges import PerSystemValue
+from fastmace.io.progress import setup_note
 from fastmace.protocol import PressureSchedule, TemperatureSchedule
 from fastmace.runtime import environment
 from fastmace.structures import Structure
@@ -20,6 +21,7 @@ from fastmace.vocabulary import (
     DEFAULT_TIMESTEP_FS,
     ENSEMBLE_SETTINGS,
     GPA_PER_BAR,
+    SETUP_PROGRESS_ATOMS,
 )
 
 if TYPE_CHECKING:
@@ -342,7 +344,7 @@ def md(
     for name in ("structure", "progress", "runner", "ensemble_settings"):
         del arguments[name]
     arguments.update(ensemble_settings)
-    call = _check_call(structure, arguments, ensemble_settings, runner)
+    call = _check_call(structure, arguments, ensemble_settings, runner, progress)
     if gpus is not None and not call.in_child_process:
         slots = _gpu_slots(gpus, device, call.runner)
         if len(slots) > 1:
@@ -388,8 +390,10 @@ def _check_call(
     arguments: dict[str, Any],
     ensemble_settings: dict[str, Any],
     runner: RunnerConfig | None,
+    progress: TextIO | None,
 ) -> _Call:
-    """Stage 1, the request: every check that needs neither the model nor a directory."""
+    """Stage 1, the request: every check that needs neither the model nor a directory (a
+    large request says so to ``progress`` first)."""
     from fastmace.preflight import check_request
     from fastmace.runner import RunnerConfig
 
@@ -419,7 +423,11 @@ def _check_call(
     model = arguments["model"]
     _refuse_charge_for_local(model, _named_model_type(model), arguments["charge"],
                              arguments["spin"])  # fmt: skip
-    request = check_request(structure, arguments, runner.environment)
+    request = check_request(structure, arguments, runner.environment, progress)
+    atoms = sum(len(one) for one in request.structures)
+    if atoms >= SETUP_PROGRESS_ATOMS and not child_run.current():  # a child's parent said it
+        seconds = time.perf_counter() - called
+        setup_note(progress, f"request checked in {seconds:.1f} s; planning, loading the model")
     return _Call(arguments, dict(ensemble_settings), request, config, runner, child, called)
 
 

@@ -14,12 +14,13 @@ import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import ase
 
 from fastmace.charges import ChargeSpinError, check_given, given_per_system
 from fastmace.dynamics.checks import StructureError, check_structures
+from fastmace.io.progress import setup_note
 from fastmace.planner.guard import GuardConfig
 from fastmace.preflight.ensemble import (
     BOUNDS,
@@ -39,6 +40,7 @@ from fastmace.vocabulary import (
     DEFAULT_ENSEMBLE,
     DEFAULT_TIMESTEP_FS,
     ENSEMBLE_SETTINGS,
+    SETUP_PROGRESS_ATOMS,
     EnsembleError,
     canonical_ensemble,
 )
@@ -221,15 +223,22 @@ def check_request(
     structure: Structure,
     arguments: Mapping[str, Any],
     extra_environment: Mapping[str, str] | None = None,
+    progress: TextIO | None = None,
 ) -> CheckedRequest:
     """Check a run request of fm.md (its ``structure`` and keyword ``arguments``) before
-    anything is loaded or created; returns the structures read."""
+    anything is loaded or created; returns the structures read. A request of
+    SETUP_PROGRESS_ATOMS atoms or more says so to ``progress`` before its structures are
+    checked (their close-pair search takes seconds per hundred thousand atoms)."""
     ensemble = check_arguments(arguments)
     check_environment(extra_environment)
     units = read_structures(structure)
     check_repeat(units, arguments.get("repeat"))
     replicas = check_replicas(units, arguments.get("repeat"), arguments.get("replicas", 1))
     structures = replicated(read_structures(units, arguments.get("repeat")), replicas)
+    atoms = sum(len(one) for one in structures)
+    if atoms >= SETUP_PROGRESS_ATOMS:
+        systems = f"{len(structures):,} systems" if len(structures) > 1 else "1 system"
+        setup_note(progress, f"{atoms:,} atoms in {systems}; checking the structures")
     try:
         check_structures(structures, model_species=None)
     except StructureError as error:
