@@ -45,7 +45,7 @@ def check_given(charge: Any, spin: Any) -> None:
             _checked(name, item, f"{name}={value!r}")
 
 
-def per_system(
+def charges_and_spins(
     structures: Sequence[ase.Atoms], charge: PerSystemValue = None, spin: PerSystemValue = None
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(charges, spin multiplicities), one of each per structure: the arguments where given,

@@ -374,7 +374,7 @@ def _charges_and_spins(
     """Each system's charge and spin for a long-range model, which relaxes positions only;
     (None, None) for a local model, which is refused any."""
     from fastmace.batching import check_open_apart
-    from fastmace.charges import per_system, refused_for_local_model
+    from fastmace.charges import charges_and_spins, refused_for_local_model
     from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
 
     model_type = model.description.model_type
@@ -385,4 +385,4 @@ def _charges_and_spins(
     if settings.cell:
         raise refused_cell_relaxation(model.name, model_type)
     check_open_apart([atoms.pbc for atoms in structures])
-    return per_system(structures, charge, spin)
+    return charges_and_spins(structures, charge, spin)

@@ -621,14 +621,14 @@ def run_charges_and_spins(
     """Each system's total charge and spin multiplicity for a long-range model: the settings'
     where given, else the structures' ``atoms.info``, else a neutral singlet (None, None for
     a local model, which is refused charges and spins it would not read)."""
-    from fastmace.charges import per_system, refused_for_local_model
+    from fastmace.charges import charges_and_spins, refused_for_local_model
     from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
 
     if model.description.model_type not in LONG_RANGE_MODEL_TYPES:
         if settings.charge or settings.spin:
             raise refused_for_local_model(model.name, "charge" if settings.charge else "spin")
         return None, None
-    return per_system(structures, settings.charge or None, settings.spin or None)
+    return charges_and_spins(structures, settings.charge or None, settings.spin or None)
 
 
 def _state_from_restart(state: State, payload: dict[str, Any]) -> State:

@@ -25,7 +25,7 @@ import ase.io
 import numpy as np
 import torch
 
-from fastmace.charges import per_system
+from fastmace.charges import charges_and_spins
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
@@ -116,7 +116,7 @@ def _plan_values(
     edges = neighbours.cutoff_edges(state, neighbours.build(state))
     periodic = bool(atoms.pbc.all())
     # A long-range model's charge and spin from the structure, as the reference reads them.
-    charges, spins = per_system([atoms]) if potential.long_range else (None, None)
+    charges, spins = charges_and_spins([atoms]) if potential.long_range else (None, None)
     out = potential(state, edges, compute_stress=periodic, charge=charges, spin=spins)
     values = {
         "energy": np.array(float(out.energy.sum())),

@@ -14,7 +14,7 @@ from typing import Any
 
 import ase
 
-from fastmace.preflight.values import RequestError, number, one_of, per_system, whole
+from fastmace.preflight.values import RequestError, number, one_of, per_system_numbers, whole
 from fastmace.vocabulary import (
     CELL_MODES,
     MAX_TIMESTEP_FS,
@@ -35,7 +35,7 @@ class Bound:
     at_least_timestep: bool = False
 
     def check(self, name: str, value: Any, timestep_fs: float) -> list[float]:
-        values = per_system(name, value, self.unit)
+        values = per_system_numbers(name, value, self.unit)
         lower = timestep_fs if self.at_least_timestep else self.lower
         if lower is None:
             return values
@@ -118,7 +118,7 @@ def check_fits_structures(
     for setting, value in counted.items():
         if value is None or setting in ("chain_length", "cell_mode"):
             continue
-        count = len(per_system(setting, value, ""))
+        count = len(per_system_numbers(setting, value, ""))
         if count not in (1, n_systems):
             raise RequestError(
                 f"{setting} has {count} values, but the batch has {n_systems} systems: give one "
@@ -154,8 +154,8 @@ def _check_can_heat(
     moving = [bool(abs(atoms.get_velocities()).max() > 0) for atoms in structures]
     if all(moving) or initial_temperature_K is None:
         return  # the default draws velocities at temperature_K
-    initial = per_system("initial_temperature_K", initial_temperature_K, "K")
-    target = per_system("temperature_K", settings["temperature_K"], "K")
+    initial = per_system_numbers("initial_temperature_K", initial_temperature_K, "K")
+    target = per_system_numbers("temperature_K", settings["temperature_K"], "K")
     for index, is_moving in enumerate(moving):
         start = initial[index if len(initial) > 1 else 0]
         goal = target[index if len(target) > 1 else 0]
@@ -202,7 +202,7 @@ def check_exchange(
             "structure with replicas=N and temperature_K=[one per replica]",
             "exchange_every",
         )
-    ladder = per_system("temperature_K", settings.get("temperature_K", []), "K")
+    ladder = per_system_numbers("temperature_K", settings.get("temperature_K", []), "K")
     if len(structures) < 2 or len(ladder) != len(structures):
         raise RequestError(
             f"replica exchange needs one temperature per replica ({len(structures)} replicas, "

@@ -46,7 +46,7 @@ def number(name: str, value: Any, unit: str) -> float:
     return float(value)
 
 
-def per_system(name: str, value: Any, unit: str) -> list[float]:
+def per_system_numbers(name: str, value: Any, unit: str) -> list[float]:
     """One finite number for every system, or a list (array) with one per system."""
     items = value.tolist() if hasattr(value, "tolist") else value  # NumPy arrays, tensors
     if isinstance(items, str) or not isinstance(items, Sequence):

@@ -18,7 +18,7 @@ from fastmace.dynamics.integrators.validation import (
     check_force_result,
     check_state,
     check_timestep,
-    per_system,
+    per_system_tensor,
 )
 from fastmace.dynamics.state import ComputeFn, ForceResult, State
 
@@ -188,7 +188,7 @@ def maxwell_boltzmann_velocities(
     The kinetic energy is not rescaled to hit the temperature exactly: it is a fair draw of
     the canonical distribution of the ``3 N_s - 3`` remaining degrees of freedom.
     """
-    kT = KB_EV_PER_K * per_system(temperature_K, state, "temperature_K", "K", minimum=0.0)
+    kT = KB_EV_PER_K * per_system_tensor(temperature_K, state, "temperature_K", "K", minimum=0.0)
     streams = random_streams(rng, state)
     noise = streams.per_atom(3, dtype=torch.float64, device=state.device)
     scale = torch.sqrt(kT[state.system] / (state.masses * EV_PER_AMU_A2_PER_FS2))

@@ -39,7 +39,11 @@ from fastmace.dynamics.integrators.common import (
 )
 from fastmace.dynamics.integrators.streams import RandomStreams, Seed, random_streams
 from fastmace.dynamics.integrators.units import KB_EV_PER_K
-from fastmace.dynamics.integrators.validation import PerSystem, check_thermostatted, per_system
+from fastmace.dynamics.integrators.validation import (
+    PerSystem,
+    check_thermostatted,
+    per_system_tensor,
+)
 from fastmace.dynamics.state import State
 from fastmace.vocabulary import ENSEMBLE_DEFAULTS
 
@@ -80,8 +84,8 @@ def csvr_init(
             system, or one torch.Generator for the batch (integrators/streams.py).
     """
     check_thermostatted(state, "The CSVR thermostat")
-    kT = KB_EV_PER_K * per_system(temperature_K, state, "temperature_K", "K", minimum=0.0)
-    tau = per_system(tau_fs, state, "tau_fs", "fs", strictly_above=0.0)
+    kT = KB_EV_PER_K * per_system_tensor(temperature_K, state, "temperature_K", "K", minimum=0.0)
+    tau = per_system_tensor(tau_fs, state, "tau_fs", "fs", strictly_above=0.0)
     streams = random_streams(rng, state)
     md = initial_md_state(state, compute, timestep_fs)
     check_can_rescale(md, kT)

@@ -31,7 +31,11 @@ from fastmace.dynamics.integrators.common import (
 )
 from fastmace.dynamics.integrators.streams import RandomStreams, Seed, random_streams
 from fastmace.dynamics.integrators.units import EV_PER_AMU_A2_PER_FS2, FS_PER_PS, KB_EV_PER_K
-from fastmace.dynamics.integrators.validation import PerSystem, check_thermostatted, per_system
+from fastmace.dynamics.integrators.validation import (
+    PerSystem,
+    check_thermostatted,
+    per_system_tensor,
+)
 from fastmace.dynamics.state import State
 from fastmace.vocabulary import ENSEMBLE_DEFAULTS
 
@@ -70,8 +74,8 @@ def langevin_init(
             system, or one torch.Generator for the batch (integrators/streams.py).
     """
     check_thermostatted(state, "Langevin dynamics")
-    kT = KB_EV_PER_K * per_system(temperature_K, state, "temperature_K", "K", minimum=0.0)
-    friction = per_system(friction_per_ps, state, "friction_per_ps", "1/ps", minimum=0.0)
+    kT = KB_EV_PER_K * per_system_tensor(temperature_K, state, "temperature_K", "K", minimum=0.0)
+    friction = per_system_tensor(friction_per_ps, state, "friction_per_ps", "1/ps", minimum=0.0)
     streams = random_streams(rng, state)
     md = initial_md_state(state, compute, timestep_fs)
     return LangevinState(

@@ -42,7 +42,7 @@ from fastmace.dynamics.integrators.validation import (
     check_positive_int,
     check_thermostatted,
     check_timestep,
-    per_system,
+    per_system_tensor,
 )
 from fastmace.dynamics.state import State
 from fastmace.vocabulary import ENSEMBLE_DEFAULTS
@@ -116,8 +116,8 @@ def nose_hoover_chain_init(
             timestep allows (as in ASE's and LAMMPS's defaults).
     """
     check_thermostatted(state, "The Nosé-Hoover chain")
-    temperature = per_system(temperature_K, state, "temperature_K", "K", strictly_above=0.0)
-    tau = per_system(tau_fs, state, "tau_fs", "fs", minimum=check_timestep(timestep_fs))
+    temperature = per_system_tensor(temperature_K, state, "temperature_K", "K", strictly_above=0.0)
+    tau = per_system_tensor(tau_fs, state, "tau_fs", "fs", minimum=check_timestep(timestep_fs))
     chain_length = check_positive_int(chain_length, "chain_length")
     n_substeps = check_positive_int(n_substeps, "n_substeps")
     if suzuki_yoshida_order not in SUZUKI_YOSHIDA_WEIGHTS:

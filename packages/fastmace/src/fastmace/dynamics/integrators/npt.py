@@ -39,7 +39,7 @@ from fastmace.dynamics.integrators.validation import (
     check_periodic,
     check_thermostatted,
     check_timestep,
-    per_system,
+    per_system_tensor,
 )
 from fastmace.dynamics.state import State
 from fastmace.vocabulary import CELL_MODES, ENSEMBLE_DEFAULTS
@@ -115,14 +115,14 @@ def npt_init(
     if cell_mode not in CELL_MODES:
         raise ValueError(f"cell_mode must be one of {CELL_MODES}; got {cell_mode!r}")
     pressure = _target_pressure(state, pressure_GPa, pressure_bar)
-    kT = KB_EV_PER_K * per_system(temperature_K, state, "temperature_K", "K", minimum=0.0)
-    thermostat_tau = per_system(
+    kT = KB_EV_PER_K * per_system_tensor(temperature_K, state, "temperature_K", "K", minimum=0.0)
+    thermostat_tau = per_system_tensor(
         thermostat_tau_fs, state, "thermostat_tau_fs", "fs", strictly_above=0.0
     )
-    barostat_tau = per_system(
+    barostat_tau = per_system_tensor(
         barostat_tau_fs, state, "barostat_tau_fs", "fs", minimum=check_timestep(timestep_fs)
     )
-    beta = per_system(
+    beta = per_system_tensor(
         compressibility_per_GPa, state, "compressibility_per_GPa", "1/GPa", strictly_above=0.0
     )
     streams = random_streams(rng, state)
@@ -234,5 +234,5 @@ def _target_pressure(
             f"(got pressure_GPa={pressure_GPa!r}, pressure_bar={pressure_bar!r})"
         )
     if pressure_GPa is not None:
-        return EV_PER_A3_PER_GPA * per_system(pressure_GPa, state, "pressure_GPa", "GPa")
-    return EV_PER_A3_PER_BAR * per_system(pressure_bar, state, "pressure_bar", "bar")
+        return EV_PER_A3_PER_GPA * per_system_tensor(pressure_GPa, state, "pressure_GPa", "GPa")
+    return EV_PER_A3_PER_BAR * per_system_tensor(pressure_bar, state, "pressure_bar", "bar")

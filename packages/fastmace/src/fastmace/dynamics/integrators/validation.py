@@ -38,7 +38,7 @@ def check_positive_int(value: int, name: str, *, minimum: int = 1) -> int:
     return value
 
 
-def per_system(
+def per_system_tensor(
     value: PerSystem,
     state: State,
     name: str,
