@@ -206,6 +206,7 @@ def test_a_run_in_chunks_follows_the_whole_runs_trajectory():
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_the_gpu_cuequivariances_fused_convolution_in_chunks_gives_the_whole():
     state = State.from_atoms([copper_supercell(), triclinic_mixed(), cluster()], device="cuda")
     base = backends.convert(model_of("mp0-medium", torch.float64), "cueq", "cuda")

@@ -37,8 +37,7 @@ if TYPE_CHECKING:
     from fastmace.dynamics.potential import Potential
     from fastmace.models.load import LoadedModel
     from fastmace.planner import EngineSettings, Plan
-    from fastmace.runs import MDResult, RunSettings
-    from fastmace.simulation import Simulation
+    from fastmace.runs import MDResult, RunRecord, RunSettings
 
 SCHEMA_VERSION = 1
 SCHEMA = Path(__file__).with_name("schemas") / "metadata.schema.json"
@@ -277,24 +276,22 @@ def edge_chunking_record(potential: Any) -> dict[str, Any] | None:
     return {"rows": chosen.rows, "reason": chosen.reason, "chunked_calls": potential.chunked_calls}
 
 
-def engine_record(simulation: Simulation) -> dict[str, Any]:
+def engine_record(run: RunRecord) -> dict[str, Any]:
     """``metadata.json``'s ``engine``: what the engine, the list and the model actually used."""
-    engine = simulation.engine
+    engine = run.engine
     neighbours = engine.force_field.neighbours
     return {
         "device": str(engine.md.state.device),
-        "block_steps": simulation.block_steps,
+        "block_steps": run.block_steps,
         "capture": engine.capture,
-        "compile": simulation.potential.compiled,
-        "compile_failure": simulation.potential.compile_failure,
-        "compiled_potentials": [
-            dataclasses.asdict(report) for report in simulation.potential.aot_reports
-        ],
+        "compile": run.potential.compiled,
+        "compile_failure": run.potential.compile_failure,
+        "compiled_potentials": [dataclasses.asdict(report) for report in run.potential.aot_reports],
         "radial_table": (
-            dataclasses.asdict(report) if (report := simulation.potential.table_report) else None
+            dataclasses.asdict(report) if (report := run.potential.table_report) else None
         ),
-        "radial_table_failure": simulation.potential.table_failure,
-        "edge_chunking": edge_chunking_record(simulation.potential),
+        "radial_table_failure": run.potential.table_failure,
+        "edge_chunking": edge_chunking_record(run.potential),
         "skin_A": neighbours.skin,
         "headroom": neighbours.headroom,
         "edge_capacity": neighbours.capacity,
@@ -310,35 +307,27 @@ def engine_record(simulation: Simulation) -> dict[str, Any]:
             else None
         ),
         "guard": (
-            simulation.guard.record()
-            if simulation.guard is not None
-            else simulation.engine_settings.guard.to_dict()
+            run.guard.record() if run.guard is not None else run.engine_settings.guard.to_dict()
         ),
-        "exchange": (
-            simulation.exchange.record(1.0 / KB_EV_PER_K)
-            if getattr(simulation, "exchange", None) is not None
-            else None
-        ),
+        "exchange": (run.exchange.record(1.0 / KB_EV_PER_K) if run.exchange is not None else None),
     }
 
 
-def simulation_metadata(
-    simulation: Simulation, status: str, error: str | None = None
-) -> dict[str, Any]:
-    """The ``metadata.json`` document of ``simulation`` as it stands (``status``)."""
-    timings = {k: v for k, v in simulation.timings.items() if math.isfinite(v)}
-    gate, plan = simulation.gate, simulation.plan
+def simulation_metadata(run: RunRecord, status: str, error: str | None = None) -> dict[str, Any]:
+    """The ``metadata.json`` document of the run ``run`` records, as it stands (``status``)."""
+    timings = {k: v for k, v in run.timings.items() if math.isfinite(v)}
+    gate, plan = run.gate, run.plan
     document = run_metadata(
-        model=simulation.model, structures=simulation.structures, settings=simulation.settings,
-        engine_settings=simulation.engine_settings, engine=engine_record(simulation),
+        model=run.model, structures=run.structures, settings=run.settings,
+        engine_settings=run.engine_settings, engine=engine_record(run),
         status=status, timings=timings, error=error,
         gate=gate.to_dict() if gate is not None else None,
         plan=plan.to_dict() if plan is not None else None,
-        fallbacks=simulation.fallbacks, runner=simulation.runner,
-        backend_reason=backend_reason(simulation), charges=simulation.charges,
-        spins=simulation.spins,
+        fallbacks=run.fallbacks, runner=run.runner,
+        backend_reason=backend_reason(run), charges=run.charges,
+        spins=run.spins,
     )  # fmt: skip
-    started = getattr(simulation, "thermal_start", None)  # set once the first forces are in
+    started = run.thermal_start
     document["settings"]["thermal_start"] = None if started is None else started.to_dict()
     return document
 
@@ -354,13 +343,13 @@ def planned_backend_reason(model: LoadedModel, plan: Plan | None) -> str:
     return model.backend_reason
 
 
-def backend_reason(simulation: Simulation) -> str:
+def backend_reason(run: RunRecord) -> str:
     """Why this backend, for ``metadata.json``, the report and so the plan alike: the plan's
     reason when the run was planned (a fallback's when the gate replaced it), else what
     loading the model said."""
-    reason = planned_backend_reason(simulation.model, simulation.plan)
-    if simulation.fallbacks:
-        reason += f" (after {len(simulation.fallbacks)} failed: see the gate)"
+    reason = planned_backend_reason(run.model, run.plan)
+    if run.fallbacks:
+        reason += f" (after {len(run.fallbacks)} failed: see the gate)"
     return reason
 
 
@@ -421,55 +410,51 @@ def startup_summary(timings: dict[str, float]) -> str:
     return text
 
 
-def _output_summary(simulation: Simulation, result: MDResult) -> str:
+def _output_summary(run: RunRecord, result: MDResult) -> str:
     """The run directory, and its plot or how to get one."""
     if result.output is None:
         return "none (no directory)"
     where = Path(result.output).absolute()  # the default directory name is relative
-    if simulation.plot is not None:
-        return f"{where} (plot: {simulation.plot.name})"
-    if simulation.output is not None and not can_plot():
+    if run.plot is not None:
+        return f"{where} (plot: {run.plot.name})"
+    if run.has_output and not can_plot():
         return f"{where} (no plot: matplotlib is not installed; {INSTALL_HINT})"
     return str(where)
 
 
-def run_report(simulation: Simulation, result: MDResult) -> str:
+def run_report(run: RunRecord, result: MDResult) -> str:
     """One screen: model, structure, run, engine, gate, speed, final state, output."""
-    model, settings, engine = simulation.model, simulation.settings, simulation.engine
+    model, settings, engine = run.model, run.settings, run.engine
     neighbours = engine.force_field.neighbours
-    formulas = ", ".join(
-        f"{a.get_chemical_formula()} ({len(a)} atoms)" for a in simulation.structures[:4]
-    )
-    if len(simulation.structures) > 4:
-        formulas += f" and {len(simulation.structures) - 4} more"
+    formulas = ", ".join(f"{a.get_chemical_formula()} ({len(a)} atoms)" for a in run.structures[:4])
+    if len(run.structures) > 4:
+        formulas += f" and {len(run.structures) - 4} more"
     graphs = "CUDA graphs" if engine.capture else "no CUDA graphs"
     if engine.capture_failure:
         graphs += f" (capture failed: {engine.capture_failure})"
-    if simulation.potential.compiled:
-        graphs += f", {compiled_text(simulation.potential)}"
-    elif simulation.potential.compile_failure:
-        graphs += f", model uncompiled (compilation failed: {simulation.potential.compile_failure})"
-    if (table := simulation.potential.table_report) is not None:
+    if run.potential.compiled:
+        graphs += f", {compiled_text(run.potential)}"
+    elif run.potential.compile_failure:
+        graphs += f", model uncompiled (compilation failed: {run.potential.compile_failure})"
+    if (table := run.potential.table_report) is not None:
         graphs += (
             f", radial weights from tables ({table.intervals} intervals, error "
             f"{table.max_relative_error:.0e} of the weights)"
         )
-    elif simulation.potential.table_failure:
-        graphs += f", radial MLPs (tables not built: {simulation.potential.table_failure})"
-    if simulation.potential.chunked_calls:
-        rows = simulation.potential.edge_chunk_rows
+    elif run.potential.table_failure:
+        graphs += f", radial MLPs (tables not built: {run.potential.table_failure})"
+    if run.potential.chunked_calls:
+        rows = run.potential.edge_chunk_rows
         graphs += f", edges worked through in chunks of {rows} rows (uncompiled)"
-    launch = f"{simulation.block_steps} steps per launch"
-    planned = simulation.engine_settings.block_steps
-    if planned != simulation.block_steps:
+    launch = f"{run.block_steps} steps per launch"
+    planned = run.engine_settings.block_steps
+    if planned != run.block_steps:
         launch += f" (the plan's K = {planned}, shortened to divide every output interval)"
-    gate = (
-        simulation.gate.summary() if simulation.gate is not None else "not run (fm.md check='gate')"
-    )
+    gate = run.gate.summary() if run.gate is not None else "not run (fm.md check='gate')"
     lines = [
         "FastMACE run report",
         f"model:     {model.summary()}",
-        f"backend:   {model.backend}: {backend_reason(simulation)}",
+        f"backend:   {model.backend}: {backend_reason(run)}",
         f"structure: {formulas}",
         f"run:       {settings.ensemble.describe()}, {result.steps} steps of "
         f"{settings.timestep_fs} fs, seed {settings.seed}"
@@ -480,19 +465,19 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         f"gate:      {gate}",
         f"dispersion: {_dispersion_summary(engine.force_field.dispersion)}",
     ]
-    started = getattr(simulation, "thermal_start", None)
+    started = run.thermal_start
     if started is not None and (start := started.describe()) is not None:
         lines.append(f"start:     {start}")
-    if simulation.charges is not None and simulation.spins is not None:
+    if run.charges is not None and run.spins is not None:
         from fastmace.charges import describe
 
-        lines.append(f"charge:    {describe(simulation.charges, simulation.spins)}")
-    if simulation.runner["subprocess"]:
-        extra = ", ".join(simulation.runner["environment"]) or "none"
+        lines.append(f"charge:    {describe(run.charges, run.spins)}")
+    if run.runner["subprocess"]:
+        extra = ", ".join(run.runner["environment"]) or "none"
         lines.append(f"runner:    a child process (extra variables: {extra})")
-    if simulation.plan is not None:
-        lines.extend(simulation.plan.describe().splitlines())
-    for failure in simulation.fallbacks:
+    if run.plan is not None:
+        lines.extend(run.plan.describe().splitlines())
+    for failure in run.fallbacks:
         lines.append(f"fallback:  {failure['backend']} was not used: {failure['reason']}")
     speed = result.timings.get("steps_per_s", float("nan"))
     lines.append(
@@ -500,13 +485,13 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         " ns/day (steady blocks; warm-up and capture count as start-up)"
     )
     lines.append(f"start-up:  {startup_summary(result.timings)}")
-    exchange = getattr(simulation, "exchange", None)
+    exchange = run.exchange
     if exchange is not None:
         tried = exchange.attempts.tolist()
         made = exchange.accepted.tolist()
         rates = ", ".join(f"{m / t:.2f}" if t else "-" for m, t in zip(made, tried, strict=True))
         lines.append(
-            f"exchange:  every {simulation.settings.exchange_every} steps; acceptance per "
+            f"exchange:  every {run.settings.exchange_every} steps; acceptance per "
             f"neighbouring pair {rates} ({sum(tried)} tried)"
         )
     many = len(result.thermo) > 1
@@ -523,10 +508,10 @@ def run_report(simulation: Simulation, result: MDResult) -> str:
         lines.append(
             f"           ... {len(result.thermo) - MAX_SYSTEMS_REPORTED} more systems in thermo.csv"
         )
-    note = cool_start_note(simulation.settings, result.thermo)
+    note = cool_start_note(run.settings, result.thermo)
     if note is not None:
         lines.append(f"note:      {note}")
-    lines.append(f"output:    {_output_summary(simulation, result)}")
+    lines.append(f"output:    {_output_summary(run, result)}")
     lines.append(f"licence:   the weights are under {model.licence}")
     return "\n".join(lines) + "\n"
 

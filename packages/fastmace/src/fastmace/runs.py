@@ -18,7 +18,14 @@ from fastmace.io.schedule import OutputSchedule
 from fastmace.protocol import PressureSchedule, TemperatureSchedule
 
 if TYPE_CHECKING:
+    from fastmace.dynamics.engine import Engine
     from fastmace.dynamics.ensembles import Ensemble
+    from fastmace.dynamics.guard import Guard
+    from fastmace.dynamics.potential import Potential
+    from fastmace.dynamics.replica_exchange import ReplicaExchange
+    from fastmace.dynamics.thermal_start import ThermalStart
+    from fastmace.models.load import LoadedModel
+    from fastmace.planner import EngineSettings, Plan
 
 
 @dataclass(frozen=True)
@@ -150,3 +157,30 @@ class SecondHalfMean:
     def means(self) -> list[float]:
         """In system order; empty when no row carried a temperature."""
         return [self._sums[s] / self._counts[s] for s in sorted(self._sums)]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What metadata.json and the report read of a run (fastmace.provenance): what it was
+    given and the parts it built. ``Simulation.record()`` fills it in; the engine, potential,
+    guard and exchange are the live objects, read as they stand when a document is written."""
+
+    model: LoadedModel
+    structures: list[ase.Atoms]
+    settings: RunSettings
+    engine_settings: EngineSettings
+    block_steps: int
+    engine: Engine
+    potential: Potential
+    guard: Guard | None
+    exchange: ReplicaExchange | None
+    thermal_start: ThermalStart | None
+    plan: Plan | None
+    gate: Any  # fastmace.gate.GateResult, when the run was checked
+    fallbacks: list[dict[str, Any]]
+    runner: dict[str, Any]
+    charges: list[float] | None
+    spins: list[float] | None
+    timings: dict[str, float]
+    plot: Path | None
+    has_output: bool

@@ -51,7 +51,7 @@ from fastmace.resuming import (
     saved_restart,
     too_few_steps,
 )
-from fastmace.runs import MDResult, RunSettings, SecondHalfMean
+from fastmace.runs import MDResult, RunRecord, RunSettings, SecondHalfMean
 from fastmace.runtime.compile_costs import CompileIdentity, record_cost_s
 from fastmace.runtime.process_clock import seconds_since_process_start
 from fastmace.vocabulary import SETUP_PROGRESS_ATOMS
@@ -246,11 +246,23 @@ class Simulation:
         if plan is not None and seconds is not None:
             record_cost_s(compile_identity(model, plan), seconds)
 
+    def record(self) -> RunRecord:
+        """What metadata.json and the report read of this run (fastmace.provenance)."""
+        return RunRecord(
+            model=self.model, structures=self.structures, settings=self.settings,
+            engine_settings=self.engine_settings, block_steps=self.block_steps,
+            engine=self.engine, potential=self.potential, guard=self.guard,
+            exchange=self.exchange, thermal_start=self.thermal_start, plan=self.plan,
+            gate=self.gate, fallbacks=self.fallbacks, runner=self.runner,
+            charges=self.charges, spins=self.spins, timings=self.timings, plot=self.plot,
+            has_output=self.output is not None,
+        )  # fmt: skip
+
     def _write_metadata(self, status: str, error: str | None = None) -> None:
         if self.output is not None:
             from fastmace.provenance import simulation_metadata
 
-            self.output.write_metadata(simulation_metadata(self, status, error))
+            self.output.write_metadata(simulation_metadata(self.record(), status, error))
 
     def _check_resume(self, output: str | Path | None, state: State) -> None:
         """Refuse a resume that changes the run's physics (fastmace.resuming), naming each
@@ -570,7 +582,7 @@ class Simulation:
             self.plot = self.output.write_plot()  # without matplotlib the report says how
         from fastmace.provenance import run_report
 
-        result.report = run_report(self, result)
+        result.report = run_report(self.record(), result)
         if self.output is not None:
             self._write_metadata("finished")
             self.output.write_report(result.report)
