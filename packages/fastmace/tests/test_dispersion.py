@@ -28,8 +28,8 @@ from fastmace.dynamics.dispersion import (
 )
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.neighbours import NeighbourList
-from fastmace.dynamics.potential import PotentialOutput, pad_edges
-from fastmace.dynamics.state import State
+from fastmace.dynamics.potential import pad_edges
+from fastmace.dynamics.state import PotentialOutput, State
 
 torch_dftd = pytest.importorskip("torch_dftd.torch_dftd3_calculator")
 

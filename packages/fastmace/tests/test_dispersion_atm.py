@@ -24,8 +24,8 @@ from test_neighbours import ForbidHostSync
 
 from fastmace.dynamics.dispersion import D3BJ, DEFAULT_CUTOFF_A, D3BJParameters
 from fastmace.dynamics.neighbours import NeighbourList
-from fastmace.dynamics.potential import PotentialOutput, pad_edges
-from fastmace.dynamics.state import State
+from fastmace.dynamics.potential import pad_edges
+from fastmace.dynamics.state import PotentialOutput, State
 
 torch_dftd = pytest.importorskip("torch_dftd.torch_dftd3_calculator")
 pytestmark = pytest.mark.filterwarnings("ignore:Creating a tensor from a list of numpy")

@@ -25,13 +25,12 @@ from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.potential import (
     Potential,
     PotentialCheckError,
-    PotentialOutput,
     UnsupportedModelError,
     UnsupportedSpeciesError,
     check_potential,
     pad_edges,
 )
-from fastmace.dynamics.state import State
+from fastmace.dynamics.state import PotentialOutput, State
 from fastmace.models import backends
 from fastmace.models.checkpoint import contained, import_mace
 from fastmace.models.reference import evaluate

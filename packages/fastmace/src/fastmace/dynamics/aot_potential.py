@@ -33,16 +33,16 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from fastmace.dynamics.edges import Edges
-from fastmace.dynamics.state import State
+from fastmace.dynamics.state import PotentialOutput, State
 from fastmace.runtime import cache, environment, vouched
 
-if TYPE_CHECKING:
-    from fastmace.dynamics.potential import Potential, PotentialOutput
+# The functions below take a fastmace.dynamics.potential.Potential, typed as the module it is:
+# this file is part of Potential's implementation (its compile=True path on the CPU), and
+# imports nothing of it, so that the two files do not import each other.
 
 # Changed whenever the traced function's inputs or outputs change: old packages no longer match.
 FORMAT = 1
@@ -77,7 +77,7 @@ class AotReport:
 
 
 def artefact_identity(
-    potential: Potential, *, compute_stress: bool, mirrored: bool, n_systems: int
+    potential: torch.nn.Module, *, compute_stress: bool, mirrored: bool, n_systems: int
 ) -> dict[str, object]:
     """Everything a package depends on; a package is used only for the identity it was built
     for (its key is a digest of this)."""
@@ -125,8 +125,6 @@ class AotEvaluation:
         self.compute_stress = compute_stress
 
     def __call__(self, state: State, edges: Edges) -> PotentialOutput:
-        from fastmace.dynamics.potential import PotentialOutput
-
         if state.n_systems != self.n_systems:
             raise ValueError(
                 f"this compiled potential was built for {self.n_systems} systems, not "
@@ -141,7 +139,7 @@ class AotEvaluation:
 
 
 def aot_evaluation(
-    potential: Potential, state: State, edges: Edges, compute_stress: bool
+    potential: torch.nn.Module, state: State, edges: Edges, compute_stress: bool
 ) -> tuple[AotEvaluation, AotReport]:
     """The compiled potential for these kinds of inputs: loaded from the cache root when this
     user built it before, otherwise built now (minutes on a GPU), checked and kept.
@@ -168,7 +166,7 @@ def aot_evaluation(
 
 
 def _build(
-    potential: Potential, state: State, edges: Edges, compute_stress: bool, path: Path
+    potential: torch.nn.Module, state: State, edges: Edges, compute_stress: bool, path: Path
 ) -> tuple[AotEvaluation, float]:
     environment.configure_compile_caches(cache.cache_root().path)
     try:
@@ -203,7 +201,7 @@ def _build(
 
 def check_against_eager(
     evaluation: AotEvaluation,
-    potential: Potential,
+    potential: torch.nn.Module,
     state: State,
     edges: Edges,
     compute_stress: bool,
@@ -234,7 +232,7 @@ def check_against_eager(
 
 
 def trace(
-    potential: Potential, state: State, edges: Edges, compute_stress: bool
+    potential: torch.nn.Module, state: State, edges: Edges, compute_stress: bool
 ) -> torch.fx.GraphModule:
     """The evaluation as one graph of operators, sizes of atoms and edges symbolic."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -271,7 +269,7 @@ def trace(
         )
 
 
-def traceable_model(potential: Potential, mirrored: bool) -> torch.nn.Module:
+def traceable_model(potential: torch.nn.Module, mirrored: bool) -> torch.nn.Module:
     """A copy of the potential's model (sharing its weights, which it does not train) whose
     blocks are plain Python modules: e3nn's TorchScript code would fix every size."""
     from mace.tools.compile import disable_e3nn_codegen, simplify

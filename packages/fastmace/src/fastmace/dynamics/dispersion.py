@@ -31,8 +31,8 @@ import torch
 from fastmace.dynamics import dispersion_atm as atm
 from fastmace.dynamics.edges import Edges, per_system_matmul, systems_of
 from fastmace.dynamics.neighbours import NeighbourList
-from fastmace.dynamics.potential import PotentialOutput, _cell_volume
-from fastmace.dynamics.state import POSITION_DTYPE, State
+from fastmace.dynamics.potential import _cell_volume
+from fastmace.dynamics.state import POSITION_DTYPE, PotentialOutput, State
 
 if TYPE_CHECKING:
     from fastmace.models.load import LoadedModel

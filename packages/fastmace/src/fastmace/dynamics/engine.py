@@ -45,8 +45,8 @@ from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import ComputeFn, ForceResult, MDState, RandomStreams
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.overflow import overflowed, regrow
-from fastmace.dynamics.potential import Potential, PotentialOutput
-from fastmace.dynamics.state import State
+from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.state import PotentialOutput, State
 
 StepFn = Callable[[MDState, ComputeFn], MDState]
 

@@ -70,7 +70,7 @@ from fastmace.dynamics.radial_table import (
     tabulated_model,
 )
 from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
-from fastmace.dynamics.state import State
+from fastmace.dynamics.state import PotentialOutput, State
 from fastmace.models.backends import rounding_tolerances
 from fastmace.models.checkpoint import contained, default_dtype, model_device, model_dtype
 from fastmace.models.reference import check_structure
@@ -98,26 +98,6 @@ class UnsupportedModelError(TypeError):
 
 class PotentialCheckError(AssertionError):
     """A potential failed :func:`check_potential`; the message says which property."""
-
-
-@dataclass
-class PotentialOutput:
-    """What a :class:`Potential` computes for a batch of S systems with N atoms in all.
-
-    Attributes:
-        energy: (S,) float64 total energy of each system in eV, summed in float64.
-        forces: (N, 3) float64 forces in eV/Å.
-        virial: (S, 3, 3) float64 virial ``-dE/dε`` in eV (mace-torch's ``virials``), or None
-            when stress was not asked for.
-        stress: (S, 3, 3) float64 stress ``(1/V) dE/dε`` in eV/Å³, ASE's sign convention (as
-            mace-torch's MACECalculator reports it); zero for a system whose cell has no
-            volume; None when not asked for.
-    """
-
-    energy: torch.Tensor
-    forces: torch.Tensor
-    virial: torch.Tensor | None = None
-    stress: torch.Tensor | None = None
 
 
 class Potential(torch.nn.Module):

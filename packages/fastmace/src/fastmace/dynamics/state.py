@@ -142,3 +142,24 @@ class ForceResult:
 ComputeFn = Callable[[State], ForceResult]
 """A potential: energy, forces (and stress) at the positions and cells of a State. It must not
 modify the State; within a step it is called once, and may be captured in a CUDA graph."""
+
+
+@dataclass
+class PotentialOutput:
+    """What a :class:`~fastmace.dynamics.potential.Potential` computes for a batch of S
+    systems with N atoms in all.
+
+    Attributes:
+        energy: (S,) float64 total energy of each system in eV, summed in float64.
+        forces: (N, 3) float64 forces in eV/Å.
+        virial: (S, 3, 3) float64 virial ``-dE/dε`` in eV (mace-torch's ``virials``), or None
+            when stress was not asked for.
+        stress: (S, 3, 3) float64 stress ``(1/V) dE/dε`` in eV/Å³, ASE's sign convention (as
+            mace-torch's MACECalculator reports it); zero for a system whose cell has no
+            volume; None when not asked for.
+    """
+
+    energy: torch.Tensor
+    forces: torch.Tensor
+    virial: torch.Tensor | None = None
+    stress: torch.Tensor | None = None
