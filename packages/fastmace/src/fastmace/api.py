@@ -425,7 +425,7 @@ def _check_call(
                              arguments["spin"])  # fmt: skip
     request = check_request(structure, arguments, runner.environment, progress)
     atoms = sum(len(one) for one in request.structures)
-    if atoms >= SETUP_PROGRESS_ATOMS and not child_run.current():  # a child's parent said it
+    if atoms >= SETUP_PROGRESS_ATOMS:  # as check_request's own note, in a child process too
         seconds = time.perf_counter() - called
         setup_note(progress, f"request checked in {seconds:.1f} s; planning, loading the model")
     return _Call(arguments, dict(ensemble_settings), request, config, runner, child, called)

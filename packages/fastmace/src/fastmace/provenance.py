@@ -552,5 +552,6 @@ def cool_start_note(settings: RunSettings, final_rows: Sequence[dict[str, Any]])
         f"{started:g} K shared their energy with the lattice (a structure at its energy minimum "
         "takes about half of it as potential energy), and the thermostat restores the "
         "temperature only over picoseconds. Start at about twice the target "
-        f"(--initial-temperature {2 * target:g}, as the demo does), or run longer"
+        f"(--initial-temperature {2 * target:g}, what FastMACE's own draw gives a structure at "
+        "rest at an energy minimum), or run longer"
     )

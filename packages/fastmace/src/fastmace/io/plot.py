@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fastmace.runtime.atomic import atomic_write
+from fastmace.vocabulary import GPA_PER_BAR
 
 PLOT_FILE = "thermo.png"
 RELAX_PLOT_FILE = "relax.png"
@@ -39,7 +40,6 @@ PANELS = (
     ("total_energy_eV", "total energy (eV); dashed: conserved"),
 )
 CONSERVED = "conserved_energy_eV"  # drawn dashed in the total energy's panel
-GPA_PER_BAR = 1e-4
 
 
 class PlotUnavailableError(ImportError):
