@@ -16,6 +16,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import faulthandler
 import io
 import json
 import signal
@@ -134,6 +135,7 @@ def chunk_timings() -> Iterator[list[dict[str, Any]]]:
             "pass": "backward" if torch.is_grad_enabled() else "forward",
             "s": round(time.perf_counter() - tick, 4),
         })  # fmt: skip
+        print(f"[{time.perf_counter() - STARTED:7.1f} s] chunk {chunks[-1]}", flush=True)
         return out
 
     ChunkedConvolution.messages = timed  # type: ignore[method-assign]
@@ -215,20 +217,33 @@ def main() -> int:
     parser.add_argument("--atoms", type=int, default=157464)
     parser.add_argument("--block-steps", type=int, default=5)
     parser.add_argument("--evaluations", type=int, choices=(1, 2), default=2)
-    parser.add_argument("--history-entries", type=int, default=500_000)
+    parser.add_argument(
+        "--history-entries", type=int, default=500_000, help="0: no allocator history"
+    )
+    parser.add_argument(
+        "--traceback-every", type=float, default=0.0,
+        help="print every thread's Python stack this often (seconds; 0: never), "
+        "to see where a probe that does not answer SIGTERM is stuck",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with _planned_environment(first_plan(nacl(args.atoms))):
         record: dict[str, Any] = {"atoms": args.atoms, "phases_gib": Phases()}
-        torch.cuda.memory._record_memory_history(max_entries=args.history_entries)
+        if args.history_entries:
+            torch.cuda.memory._record_memory_history(max_entries=args.history_entries)
+        if args.traceback_every:
+            faulthandler.dump_traceback_later(args.traceback_every, repeat=True)
         try:
             probe(record, args.atoms, args.block_steps, args.evaluations)
         except torch.cuda.OutOfMemoryError as error:
             record.update(status="oom", error=str(error)[:600])
         except Stopped as error:
             record.update(status="stopped", error=str(error))
+        faulthandler.cancel_dump_traceback_later()
         try:  # the analysis is a help, not the measurement
+            if not args.history_entries:
+                raise RuntimeError("no allocator history kept (--history-entries 0)")
             snapshot = torch.cuda.memory._snapshot()
             record["live_at_peak"] = live_at_peak(snapshot)
             record["live_at_end"] = live_at_end(snapshot)

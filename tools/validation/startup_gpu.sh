@@ -53,6 +53,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 52  # gpu tests; no-grad weights, default path
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 53  # large cells: each chunk timed, memory by owner
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 54  # the ensembles on the demo model, 20 ps
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 55  # 1M atoms: where the first evaluation is stuck
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -734,6 +735,17 @@ PY
   timeout 560 python3 tools/validation/demo_ensembles.py --out "$OUT/ensembles" \
     --ps ${ENSEMBLE_PS:-20} --replicas ${ENSEMBLE_REPLICAS:-64} 2>&1 | grep -v Warn | tail -8
   find "$OUT/ensembles" -name thermo.csv -delete
+  ;;
+55)
+  # Issue 31: where the first evaluation at 1,000,000 atoms is stuck. Stage 53's probe neither
+  # finished in 330 s nor answered SIGTERM within 40 s (stuck in native code), so this one keeps
+  # no allocator history, prints each chunk as it ends, and prints every thread's Python stack
+  # every 30 s (faulthandler works while the main thread holds the GIL).
+  timeout -k 20 ${PROBE_TIMEOUT:-240} python3 benchmarks/memory_probe.py --atoms 1000000 \
+    --evaluations 1 --history-entries 0 --traceback-every 30 --out "$OUT/memory" \
+    > "$OUT/probe_1000000.log" 2>&1
+  echo "probe exit $?"
+  grep -vE "^\s*$" "$OUT/probe_1000000.log" | grep -vE "Warn|warn" | head -150
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),
