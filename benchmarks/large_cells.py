@@ -5,7 +5,9 @@ float32, NaCl rattled, Langevin at 300 K), with short blocks so that a million a
 device's command limit: an eager block, the captured block, then timed blocks. Compilation is
 left off (a chunked evaluation runs uncompiled anyway). Variant "default" lets the set-up
 choose the chunks from free memory (docs/md.md#how-big-a-run-fits); "unchunked" forces every
-evaluation whole, as before. Each case records ``peak_gib`` (torch's peak allocation),
+evaluation whole, as before; "one-padding-node" reroutes every padding edge to one node, as
+before 2026-12-04 (dynamics/potential.py spreads them, for the kernels' atomic adds). Each
+case records ``peak_gib`` (torch's peak allocation),
 ``reserved_gib`` (what the allocator held), ``setup_s`` (structure on the device to the
 first forces), ``ms_per_step`` and what the chunking chose, in the ``cases`` list that
 benchmarks/scale_targets.py reads.
@@ -16,6 +18,7 @@ benchmarks/scale_targets.py reads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -23,12 +26,14 @@ import io
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from md_speed import FRICTION_PER_PS, SEED, TEMPERATURE_K, TIMESTEP_FS, nacl
 
 from fastmace.api import _model_facts, _planned_environment
+from fastmace.dynamics import potential as potential_module
 from fastmace.dynamics.ensembles import ensemble
 from fastmace.io import OutputSchedule
 from fastmace.machine import probe_availabilities
@@ -54,6 +59,18 @@ def first_plan(structure) -> Plan:
     return make_plan(workload, EngineConfig(), probe_availabilities())
 
 
+@contextlib.contextmanager
+def padding_as(variant: str) -> Iterator[None]:
+    """Every padding edge on one padding node for "one-padding-node", as before it was spread."""
+    spread = potential_module.EDGES_PER_PADDING_NODE
+    if variant == "one-padding-node":
+        potential_module.EDGES_PER_PADDING_NODE = 1 << 62
+    try:
+        yield
+    finally:
+        potential_module.EDGES_PER_PADDING_NODE = spread
+
+
 def run_case(atoms: int, variant: str, block_steps: int, timed_blocks: int) -> dict:
     structure = nacl(atoms)
     first = first_plan(structure)
@@ -61,7 +78,7 @@ def run_case(atoms: int, variant: str, block_steps: int, timed_blocks: int) -> d
     plan = make_plan(_model_facts(loaded, first), first.config, first.availabilities)
     engine = dataclasses.replace(
         plan.engine_settings(), block_steps=block_steps, compile=False,
-        edge_chunk_rows="auto" if variant == "default" else None,
+        edge_chunk_rows=None if variant == "unchunked" else "auto",
     )  # fmt: skip
     settings = RunSettings(
         ensemble=ensemble("nvt", temperature_K=TEMPERATURE_K, friction_per_ps=FRICTION_PER_PS),
@@ -129,7 +146,8 @@ def run_cases(args: argparse.Namespace, sizes: list[int]) -> int:
             tick = time.perf_counter()
             head = {"model": MODEL, "atoms": atoms, "path": "fastmace", "variant": variant}
             try:
-                case = run_case(atoms, variant, args.block_steps, args.timed_blocks)
+                with padding_as(variant):
+                    case = run_case(atoms, variant, args.block_steps, args.timed_blocks)
             except torch.cuda.OutOfMemoryError as error:
                 peak = torch.cuda.max_memory_allocated() / 2**30
                 case = {**head, "status": "oom", "error": str(error)[:400], "peak_gib": peak}

@@ -54,6 +54,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 53  # large cells: each chunk timed, memory by owner
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 54  # the ensembles on the demo model, 20 ps
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 55  # 1M atoms: where the first evaluation is stuck
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 56  # padding spread over nodes: 13,824 to 1M atoms
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -746,6 +747,17 @@ PY
     > "$OUT/probe_1000000.log" 2>&1
   echo "probe exit $?"
   grep -vE "^\s*$" "$OUT/probe_1000000.log" | grep -vE "Warn|warn" | head -150
+  ;;
+56)
+  # Issue 31: stage 55 found the 1M-atom first evaluation stuck in the last chunk of each
+  # block (51.8 s for one chunk that otherwise takes 0.011 s): the chunk holding the padding
+  # edges, all summed with atomic adds into one padding node. Padding is now spread over one
+  # node per 8,192 edge slots. Side by side in one process: spread against one padding node
+  # at 13,824 and 157,464 atoms; then a million atoms, spread.
+  timeout -k 20 230 python3 benchmarks/large_cells.py --atoms 13824,157464 \
+    --variants default,one-padding-node --out "$OUT/padding" 2>&1 | grep -E "^\{" | cut -c1-400
+  timeout -k 20 ${LARGE_TIMEOUT:-300} python3 benchmarks/large_cells.py --atoms 1000000 \
+    --out "$OUT/million" 2>&1 | grep -E "^\{|Error" | cut -c1-600
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),

@@ -21,7 +21,9 @@ from ase.cluster import Icosahedron
 from ase.neighborlist import neighbor_list
 
 import fastmace as fm
+from fastmace.dynamics import potential as potential_module
 from fastmace.dynamics.edges import Edges
+from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import (
     Potential,
     PotentialCheckError,
@@ -274,6 +276,52 @@ def test_padding_changes_nothing_even_when_padding_slots_hold_garbage():
         assert_same(results[0], result, torch.float32)
     # Not bitwise: on the development machine of 2026-12-01 (AVX-512) a padded edge array
     # changed forces by 7e-9 eV/Å (float32 rounding: the same terms summed in another order).
+
+
+def test_padding_is_spread_over_padding_nodes_and_changes_nothing(monkeypatch):
+    # Kernels sum into receivers with atomic adds, one at a time per address: all padding on
+    # one node took minutes at a million atoms on an H200. A small slots-per-node here gives
+    # several padding nodes on a CPU-sized batch.
+    monkeypatch.setattr(potential_module, "EDGES_PER_PADDING_NODE", 32)
+    model = model_of("tiny", torch.float64)
+    potential = Potential(model, [29, 8, 6, 1])
+    state = State.from_atoms([copper_supercell(), triclinic_mixed(), cluster()])
+    exact = ase_edges(state, potential.r_max, 1.0)
+    padded = pad_edges(exact, 301)
+    graph = potential._graph(state, padded, compute_stress=False)
+    slots = padded.edge_index.shape[1]
+    nodes = potential_module.padding_nodes(slots)
+    assert nodes == -(-slots // 32) > 1
+    assert graph.data["node_attrs"].shape[0] == state.n_atoms + nodes
+    receivers = graph.data["edge_index"][1]
+    on_padding = receivers[receivers >= state.n_atoms] - state.n_atoms
+    assert on_padding.numel() == 301
+    assert int(torch.bincount(on_padding).max()) <= -(-301 // nodes) + 1
+    assert_same(
+        potential(state, exact, compute_stress=True),
+        potential(state, padded, compute_stress=True),
+        torch.float64,
+    )
+
+
+def test_mirrored_padding_pairs_stay_pairs_on_their_padding_node(monkeypatch):
+    monkeypatch.setattr(potential_module, "EDGES_PER_PADDING_NODE", 16)
+    model = model_of("tiny", torch.float64)
+    potential = Potential(model, [29, 8, 6, 1])
+    state = State.from_atoms([copper_supercell(), cluster()])
+    neighbours = NeighbourList(state, potential.r_max, skin=0.5, cutoff_headroom=1.5)
+    edges = neighbours.cutoff_edges(state, neighbours.build(state))
+    assert edges.mirrored and not bool(edges.mask.all())
+    index = potential._graph(state, edges, compute_stress=False).data["edge_index"]
+    half = index.shape[1] // 2
+    assert torch.equal(index[:, half:], index[:, :half].flip(0))
+    assert int(index.max()) > state.n_atoms  # more than one padding node in use
+    whole = ase_edges(state, potential.r_max, 1.0)
+    assert_same(
+        potential(state, whole, compute_stress=True),
+        potential(state, edges, compute_stress=True),
+        torch.float64,
+    )
 
 
 def test_skin_edges_beyond_the_cutoff_change_nothing_even_where_mace_would_count_them():

@@ -7,12 +7,18 @@ unchanged. Checked against mace-torch 0.3.16 (``mace/modules/models.py``, ``util
 
 Padding is exact by construction, whatever the model's radial functions: edges that are not
 real (mask False), and real edges at or beyond ``r_max`` (a Verlet skin's extra pairs, which
-mace-torch's own neighbour list would not have produced), are rerouted to one extra
-*padding node*. It belongs to an extra dummy system, no edge connects it to a real atom, and
-its energy is left out of every sum, so real atoms cannot see it: not in the energy, not in the
-forces, not in the stress. Its edges are self-edges with a fixed vector of length ``2 r_max``,
+mace-torch's own neighbour list would not have produced), are rerouted to extra *padding
+nodes*. They belong to an extra dummy system, no edge connects them to a real atom, and their
+energy is left out of every sum, so real atoms cannot see them: not in the energy, not in the
+forces, not in the stress. Their edges are self-edges with a fixed vector of length ``2 r_max``,
 so their spherical harmonics and radial basis stay finite (a zero-length edge would give NaN)
-and mace's polynomial cutoff, exactly zero beyond ``r_max``, keeps its features small.
+and mace's polynomial cutoff, exactly zero beyond ``r_max``, keeps their features small.
+
+The padding edges are spread over one padding node per :data:`EDGES_PER_PADDING_NODE` edge
+slots, slot by slot in turn. The kernels sum messages into their receivers (and gradients into
+their senders) with atomic adds, which one memory address takes one at a time: with a single
+padding node, a million atoms' headroom (millions of padding edges, each adding a row of
+thousands of numbers to that node's row) kept an H200 busy for minutes in one convolution.
 
 Stress: the atoms' positions and the cells are strained by a symmetric per-system ε = 0 before
 the edge vectors are formed (mace-torch's ``get_symmetric_displacement`` construction, done
@@ -226,7 +232,8 @@ class Potential(torch.nn.Module):
             if radial_table:
                 self._tabulate(radial_table_fallback)
             if fused_convolution:
-                # The padding node (the last) has edges to itself only: no messages needed.
+                # The last padding node has edges to itself only: no messages needed (the
+                # others' messages are computed and reach only padding nodes).
                 self.model = fused_convolution_model(self.model, skip=1)
             # The same weights with the radial MLPs run once per pair, for mirrored edges
             # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
@@ -503,23 +510,28 @@ class Potential(torch.nn.Module):
             positions_moved, cell_moved = positions, cell
         unit_shifts = unit_shifts.to(dtype)
         shifts = per_system_matmul(unit_shifts, cell_moved, systems_of(state, edge_index[0]))
-        # Rerouted edges: self-edges of the padding node (index n_atoms) with a fixed vector.
+        # Rerouted edges: self-edges of the padding nodes (from index n_atoms) with a fixed
+        # vector.
         shifts = torch.where(real.unsqueeze(-1), shifts, self.padding_shift)
-        edge_index = torch.where(real, edge_index, n_atoms)
-        padded = torch.cat([positions_moved, positions_moved.new_zeros(1, 3)])
+        padding = padding_nodes(edge_index.shape[1])
+        edge_index = torch.where(real, edge_index, n_atoms + _padding_node_of_slot(edges, padding))
+        padded = torch.cat([positions_moved, positions_moved.new_zeros(padding, 3)])
         # The edge vectors are formed here and handed to the model as its "shifts", with all
         # positions zero: mace's receiver - sender + shift is then exactly these vectors.
         # index_select's backward is an atomic index_add; mace's own x[index] gathers would
         # be differentiated by a sort-based kernel, 4.6 ms per step at 13,824 atoms (H200).
         vectors = padded.index_select(0, edge_index[1]) - padded.index_select(0, edge_index[0])
         vectors = vectors + shifts
-        padding_system = torch.full((1,), n_systems, dtype=torch.int64, device=device)
+        padding_system = torch.full((padding,), n_systems, dtype=torch.int64, device=device)
         batch = torch.cat([state.system, padding_system])
         boundaries = torch.arange(n_systems + 2, dtype=torch.int64, device=device)
         data = {
             "positions": torch.zeros_like(padded),
             "node_attrs": torch.cat(
-                [self.node_attr_table[state.atomic_numbers], self._padding_node_attrs()]
+                [
+                    self.node_attr_table[state.atomic_numbers],
+                    self._padding_node_attrs().expand(padding, -1),
+                ]
             ),
             "edge_index": edge_index,
             "shifts": vectors,
@@ -568,7 +580,7 @@ class Potential(torch.nn.Module):
         return _Graph(data=data, positions=positions, displacement=displacement)
 
     def _padding_node_attrs(self) -> torch.Tensor:
-        """The padding node is an atom of the model's first element (any known one would do)."""
+        """A padding node is an atom of the model's first element (any known one would do)."""
         return self.node_attr_table[self.model_species[0]].unsqueeze(0)
 
 
@@ -716,6 +728,26 @@ class _Graph:
     data: dict[str, torch.Tensor]
     positions: torch.Tensor
     displacement: torch.Tensor | None
+
+
+# Edge slots per padding node: a few hundred padding edges per node at the neighbour list's
+# usual headroom (a real atom has tens to a hundred edges), and under 1 % more nodes.
+EDGES_PER_PADDING_NODE = 8192
+
+
+def padding_nodes(edge_slots: int) -> int:
+    """How many padding nodes a batch with ``edge_slots`` edge slots gets (at least one)."""
+    return max(1, -(-edge_slots // EDGES_PER_PADDING_NODE))
+
+
+def _padding_node_of_slot(edges: Edges, padding: int) -> torch.Tensor:
+    """(E,) which padding node (0 .. padding - 1) each slot's edge goes to if it is padding:
+    slot by slot in turn, and for mirrored edges the same node for both halves of a pair."""
+    slots = edges.edge_index.shape[1]
+    slot = torch.arange(slots, device=edges.edge_index.device)
+    if edges.mirrored:
+        slot = slot % max(slots // 2, 1)
+    return slot % padding
 
 
 def _real_edges(
