@@ -6,7 +6,8 @@ device's command limit: an eager block, the captured block, then timed blocks. C
 left off (a chunked evaluation runs uncompiled anyway). Variant "default" lets the set-up
 choose the chunks from free memory (docs/md.md#how-big-a-run-fits); "unchunked" forces every
 evaluation whole, as before; "one-padding-node" reroutes every padding edge to one node, as
-before 2026-12-04 (dynamics/potential.py spreads them, for the kernels' atomic adds). Each
+before 2026-12-04 (dynamics/potential.py spreads them, for the kernels' atomic adds); "eager"
+runs without CUDA graphs. Each
 case records ``peak_gib`` (torch's peak allocation),
 ``reserved_gib`` (what the allocator held), ``setup_s`` (structure on the device to the
 first forces), ``ms_per_step`` and what the chunking chose, in the ``cases`` list that
@@ -24,6 +25,7 @@ import functools
 import gc
 import io
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -50,13 +52,15 @@ def loaded_model(backend: str):
     return load(f"template:{MODEL}", backend=backend, device="cuda", dtype="float32", seed=SEED)
 
 
-def first_plan(structure) -> Plan:
-    """fm.md's plan with no options for a 10,000-step Langevin run, before the model loads."""
+def first_plan(structure, expandable_segments: bool | None = None) -> Plan:
+    """fm.md's plan with no options for a 10,000-step Langevin run, before the model loads
+    (``expandable_segments`` forced when not None)."""
     workload = Workload.from_structures(
         [structure], ensemble="nvt", temperature_K=TEMPERATURE_K, steps=10_000,
         timestep_fs=TIMESTEP_FS, device="cuda", precision="float32",
     )  # fmt: skip
-    return make_plan(workload, EngineConfig(), probe_availabilities())
+    config = EngineConfig(expandable_segments=expandable_segments)
+    return make_plan(workload, config, probe_availabilities())
 
 
 @contextlib.contextmanager
@@ -71,14 +75,17 @@ def padding_as(variant: str) -> Iterator[None]:
         potential_module.EDGES_PER_PADDING_NODE = spread
 
 
-def run_case(atoms: int, variant: str, block_steps: int, timed_blocks: int) -> dict:
+def run_case(
+    atoms: int, variant: str, block_steps: int, timed_blocks: int, expandable: bool | None
+) -> dict:
     structure = nacl(atoms)
-    first = first_plan(structure)
+    first = first_plan(structure, expandable)
     loaded = loaded_model(first.backend)
     plan = make_plan(_model_facts(loaded, first), first.config, first.availabilities)
     engine = dataclasses.replace(
         plan.engine_settings(), block_steps=block_steps, compile=False,
         edge_chunk_rows=None if variant == "unchunked" else "auto",
+        graphs=False if variant == "eager" else None,
     )  # fmt: skip
     settings = RunSettings(
         ensemble=ensemble("nvt", temperature_K=TEMPERATURE_K, friction_per_ps=FRICTION_PER_PS),
@@ -120,6 +127,8 @@ def run_case(atoms: int, variant: str, block_steps: int, timed_blocks: int) -> d
         "edge_capacity": simulation.neighbours.capacity,
         "radial_table": potential.table_report is not None,
         "captured": simulation.engine.capture,
+        "capture_failure": simulation.engine.capture_failure,
+        "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     }  # fmt: skip
 
 
@@ -129,13 +138,19 @@ def main() -> int:
     parser.add_argument("--variants", default="default")
     parser.add_argument("--block-steps", type=int, default=5)
     parser.add_argument("--timed-blocks", type=int, default=2)
+    parser.add_argument(
+        "--expandable-segments", action="store_true",
+        help="force the allocator's expandable segments (the plan's rule leaves them off "
+        "before torch 2.14); variants are named with '-expandable'",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     sizes = [int(a) for a in args.atoms.split(",")]
     # fm.md's environment (the allocator's expandable segments, cuEquivariance's kernel
     # choice), set before CUDA starts, as fm.md sets it.
-    with _planned_environment(first_plan(nacl(sizes[0]))):
+    expandable = True if args.expandable_segments else None
+    with _planned_environment(first_plan(nacl(sizes[0]), expandable)):
         return run_cases(args, sizes)
 
 
@@ -144,10 +159,13 @@ def run_cases(args: argparse.Namespace, sizes: list[int]) -> int:
     for atoms in sizes:
         for variant in args.variants.split(","):
             tick = time.perf_counter()
-            head = {"model": MODEL, "atoms": atoms, "path": "fastmace", "variant": variant}
+            name = f"{variant}-expandable" if args.expandable_segments else variant
+            head = {"model": MODEL, "atoms": atoms, "path": "fastmace", "variant": name}
+            expandable = True if args.expandable_segments else None
             try:
                 with padding_as(variant):
-                    case = run_case(atoms, variant, args.block_steps, args.timed_blocks)
+                    case = run_case(atoms, variant, args.block_steps, args.timed_blocks, expandable)
+                case["variant"] = name
             except torch.cuda.OutOfMemoryError as error:
                 peak = torch.cuda.max_memory_allocated() / 2**30
                 case = {**head, "status": "oom", "error": str(error)[:400], "peak_gib": peak}

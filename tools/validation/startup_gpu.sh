@@ -55,6 +55,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 54  # the ensembles on the demo model, 20 ps
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 55  # 1M atoms: where the first evaluation is stuck
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 56  # padding spread over nodes: 13,824 to 1M atoms
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 57  # failed capture hands its pool back; 1M atoms
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 58  # start-up with the lean import; 157k eager
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -758,6 +760,36 @@ PY
     --variants default,one-padding-node --out "$OUT/padding" 2>&1 | grep -E "^\{" | cut -c1-400
   timeout -k 20 ${LARGE_TIMEOUT:-300} python3 benchmarks/large_cells.py --atoms 1000000 \
     --out "$OUT/million" 2>&1 | grep -E "^\{|Error" | cut -c1-600
+  ;;
+57)
+  # Issue 31, a million atoms: stage 56's first evaluation finished (padding spread), then the
+  # capture ran out of memory with 131 GiB in the graph's pool, and the eager fallback ran
+  # beside that pool (the failed capture's frames held it): out of memory again. The engine now
+  # hands the pool back before falling back. First its GPU test; then a million atoms as the
+  # plan leaves it (expect: capture fails, eager blocks run), then with expandable segments
+  # forced (does the graph's pool fit without the fragmentation of fixed segments?).
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_engine_gpu.py" \
+    -k "failed_capture or overflow" > "$OUT/gpu_tests_57.txt" 2>&1
+  echo "engine gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_57.txt"))"
+  grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu_tests_57.txt" | head
+  timeout -k 20 ${LARGE_TIMEOUT:-210} python3 benchmarks/large_cells.py --atoms 1000000 \
+    --out "$OUT/million" 2>&1 | grep -E "^\{|Error" | cut -c1-700
+  timeout -k 20 ${LARGE_TIMEOUT:-210} python3 benchmarks/large_cells.py --atoms 1000000 \
+    --expandable-segments --out "$OUT/million-expandable" 2>&1 | grep -E "^\{|Error" | cut -c1-700
+  ;;
+58)
+  # Issue 31, start-up now (mace-torch's model code imported without its trainer where it can
+  # be): fastmace md at 13,824 atoms, compiled, cold then warm, with -X importtime; then the
+  # cost of running a large cell without graphs (157,464 atoms, captured against eager).
+  export FASTMACE_CACHE=/tmp/fastmace-cache-58
+  timeout 280 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 130 \
+    --importtime --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824 (compiled): exit $?"
+  grep -E '"run"|to_first_step|"load_s"|load_read|load_convert|load_check|setup_s|first_block' \
+    "$OUT/startup-13824.log" | head -30
+  grep -h "start-up" "$OUT"/startup-13824/*.log
+  timeout -k 20 150 python3 benchmarks/large_cells.py --atoms 157464 --variants default,eager \
+    --out "$OUT/eager" 2>&1 | grep -E "^\{|Error" | cut -c1-500
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),

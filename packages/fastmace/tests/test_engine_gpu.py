@@ -123,3 +123,35 @@ def test_a_blow_up_inside_captured_blocks_stops_the_run():
     with pytest.raises(GuardError, match="system 0's temperature"):
         simulation.run()
     assert simulation.engine.capture and simulation.engine.last_launch == "replay"
+
+
+def test_a_failed_capture_hands_its_pool_back_before_the_eager_blocks(monkeypatch):
+    """A capture that runs out of memory gives graphs up for the run; the eager blocks that
+    follow must not run beside the failed graph's pool (at a million atoms it held 131 GiB)."""
+    model = load("template:mp0-small", backend="cueq", device="cuda", dtype="float32")
+    simulation = Simulation(model, [nacl()], settings("nvt"), engine=engine(True))
+    run_engine = simulation.engine
+    pool_bytes = 2**30
+
+    def capture_out_of_memory(long_search: bool) -> None:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            held = torch.empty(pool_bytes, dtype=torch.uint8, device="cuda")  # in the pool
+            raise torch.cuda.OutOfMemoryError(f"the graph's pool is full ({held.numel()} B)")
+
+    allocated_at_eager_blocks: list[int] = []
+    eager = run_engine._run_eager
+
+    def eager_measured(*args, **kwargs) -> None:
+        allocated_at_eager_blocks.append(torch.cuda.memory_allocated())
+        eager(*args, **kwargs)
+
+    monkeypatch.setattr(run_engine, "_capture", capture_out_of_memory)
+    monkeypatch.setattr(run_engine, "_run_eager", eager_measured)
+    result = simulation.run()
+    assert result.structures[0].positions.shape == (len(nacl()), 3)
+    assert not run_engine.capture
+    assert "graph's pool is full" in run_engine.capture_failure
+    warm_up, after_failure = allocated_at_eager_blocks[0], allocated_at_eager_blocks[1:]
+    assert after_failure, "no eager block ran after the failed capture"
+    assert max(after_failure) < warm_up + pool_bytes // 2, (warm_up, after_failure)

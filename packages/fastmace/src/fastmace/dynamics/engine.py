@@ -32,6 +32,7 @@ matter's density or the memory available, a block that overflows more than
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -344,6 +345,24 @@ class Engine:
             copy_into(self.md, self._advance(self.md, long_search=long_search))
         self.graphs[long_search] = graph
 
+    def _capture_or_give_up(self, long_search: bool) -> bool:
+        """Capture the block's graph; if capturing fails (out of memory in the graph's pool,
+        an operation that cannot be captured), give graphs up for the run, say why (report,
+        metadata.json) and hand the failed capture's memory back. False when given up."""
+        try:
+            self._capture(long_search)  # capturing records the work without running it
+            return True
+        except RuntimeError as error:
+            self.capture_failure = f"{type(error).__name__}: {error}"[:500]
+        # Outside the except clause: the traceback, and with it the failed capture's frames and
+        # the graph's private pool they hold, are gone. Returned to the device, that memory is
+        # there for the eager blocks (a million atoms: 131 GiB of pool, stage 56).
+        self.capture = False
+        self.graphs.clear()
+        gc.collect()
+        torch.cuda.empty_cache()
+        return False
+
     def _launch(self, steps: int) -> None:
         long_search = self._long_search_due()
         if steps != self.block_steps:
@@ -352,13 +371,7 @@ class Engine:
         elif self.capture and self.warmed_up:
             self.last_launch = "replay"
             if long_search not in self.graphs:
-                try:
-                    self._capture(long_search)  # capturing records the work without running it
-                except RuntimeError as error:
-                    # Fallback: graphs -> no graphs, recorded (report, metadata.json).
-                    self.capture_failure = f"{type(error).__name__}: {error}"[:500]
-                    self.capture = False
-                    self.graphs.clear()
+                if not self._capture_or_give_up(long_search):
                     self._run_eager(long_search=long_search)
                     self.last_launch = "eager"
                     return
