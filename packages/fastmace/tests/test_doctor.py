@@ -367,6 +367,8 @@ def test_doctor_says_what_the_cache_holds_for_start_up(doctor_env, tmp_path):
     (cache / "compile" / "costs" / "damaged.json").write_text("{")
     (cache / "compile" / "aot").mkdir(parents=True)
     (cache / "compile" / "aot" / "package.pt2").write_bytes(b"x" * 3_000_000)
+    (cache / "compile" / "converted").mkdir(parents=True)
+    (cache / "compile" / "converted" / "model.pt").write_bytes(b"x" * 4_000_000)
     before = tree(cache)
     line = lines_by_check(run_fastmace(["doctor", "--no-hash"], doctor_env).stdout)[
         "start-up cache"
@@ -374,5 +376,6 @@ def test_doctor_says_what_the_cache_holds_for_start_up(doctor_env, tmp_path):
     assert line.startswith("[ok]")
     assert "compiled graphs 2.0 MB (1 files)" in line
     assert "potentials compiled ahead of time 3.0 MB (1 files)" in line
+    assert "converted models 4.0 MB (1 files)" in line
     assert "compilations recorded: 13,824 atoms cueq float32 on NVIDIA H200: 17.9 s" in line
     assert tree(cache) == before

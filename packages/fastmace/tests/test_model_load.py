@@ -106,7 +106,7 @@ def test_multi_head_template_needs_a_head_choice_only_when_ambiguous():
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_cueq_on_the_cpu_agrees_with_e3nn(dtype):
+def test_cueq_on_the_cpu_agrees_with_e3nn(dtype, cache):
     loaded = fm.load("template:tiny", backend="cueq", dtype=dtype)
     check = loaded.conversion_check
     assert check is not None and check.passed and check.dtype == dtype

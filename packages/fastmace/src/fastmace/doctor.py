@@ -378,7 +378,8 @@ def _megabytes(size: int) -> str:
 
 
 def check_startup_cache(ctx: DoctorContext) -> str:
-    """What a second run can reuse: compiled code, kernels, descriptors, compilation costs."""
+    """What a second run can reuse: compiled code, kernels, descriptors, converted models,
+    compilation costs."""
     from fastmace.runtime.compile_costs import recorded_costs
 
     root = locate_cache_root(environ=ctx.environ).path
@@ -390,6 +391,7 @@ def check_startup_cache(ctx: DoctorContext) -> str:
             ctx.environ.get(environment.CUEQ_KERNEL_CACHE) or root / "cueq-nvrtc",
         ),
         ("cuEquivariance descriptors", root / "compile" / "cueq"),
+        ("converted models", root / "compile" / "converted"),
         ("potentials compiled ahead of time", root / "compile" / "aot"),
     )
     parts = []

@@ -379,7 +379,12 @@ STARTUP_PHASES = (
 
 # The parts of a phase, timed inside it: (phase, ((timing, label), ...)).
 STARTUP_PHASE_PARTS = {
-    "load_s": (("load_read_s", "read"), ("load_convert_s", "convert"), ("load_check_s", "check")),
+    "load_s": (
+        ("load_read_s", "read"),
+        ("load_convert_s", "convert"),
+        ("load_check_s", "check"),
+        ("load_reused_s", "conversion kept from an earlier run"),
+    ),
     "setup_s": (
         ("setup_potential_s", "potential"),
         ("setup_neighbours_s", "neighbours"),

@@ -11,7 +11,7 @@ from typing import TextIO
 
 import torch
 
-from fastmace.models import backends
+from fastmace.models import backends, converted_cache
 from fastmace.models.checkpoint import (
     ModelDescription,
     describe,
@@ -203,7 +203,9 @@ def load(
         if checkpoint_entry is None:
             origin["model"] = str(file.path)
     timings = {"read_s": time.perf_counter() - started}
-    converted, check = _convert(reference, chosen, device, want_dtype, head, timings)
+    converted, check = _convert_or_reuse(
+        reference, chosen, device, want_dtype, head, description.content_hash, timings
+    )
     return LoadedModel(
         module=converted,
         reference=reference,
@@ -237,6 +239,33 @@ def _resolve_head(head: str | None, description: ModelDescription) -> str:
             f"the model has no head {head!r}; its heads are: {', '.join(description.heads)}"
         )
     return head
+
+
+def _convert_or_reuse(
+    reference: torch.nn.Module,
+    backend: str,
+    device: str,
+    dtype: torch.dtype | None,
+    head: str,
+    content_hash: str,
+    timings: dict[str, float],
+) -> tuple[torch.nn.Module, backends.ConversionCheck | None]:
+    """``reference`` on ``backend``: from the cache root when this user converted and checked
+    the same weights there before (models/converted_cache.py), else converted, checked and kept.
+    ``timings`` gains convert_s and check_s, or reused_s when the kept one was read."""
+    if backend not in converted_cache.KEPT_BACKENDS:
+        return _convert(reference, backend, device, dtype, head, timings)
+    started = time.perf_counter()
+    dtype_text = dtype_name(dtype if dtype is not None else model_dtype(reference))
+    key = converted_cache.entry_key(content_hash, head, backend, device, dtype_text)
+    kept = converted_cache.read(key, device)
+    if kept is not None:
+        timings["reused_s"] = time.perf_counter() - started
+        return kept.module, kept.check
+    converted, check = _convert(reference, backend, device, dtype, head, timings)
+    if check is not None:  # a conversion that failed its check has raised
+        converted_cache.write(key, converted, check)
+    return converted, check
 
 
 def _convert(

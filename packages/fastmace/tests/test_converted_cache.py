@@ -1,0 +1,115 @@
+"""Converted models kept in the cache root (fastmace.models.converted_cache): a later process
+reuses the conversion and its check without importing mace-torch's trainer; other weights,
+heads or library versions never get a kept entry that is not theirs; an entry this user did not
+write, or one damaged since, is converted again and runs no code."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_python
+
+from fastmace.models import backends, converted_cache
+from fastmace.models.load import load
+
+# The shipped demo model on cuEquivariance (its PyTorch fallback on the CPU), as a run loads it.
+LOAD = """
+import json, sys
+import torch
+from fastmace.models.load import load
+loaded = load("demo-emt-cu", backend="cueq", device="cpu")
+state = loaded.module.state_dict()
+print(json.dumps({
+    "timings": loaded.timings,
+    "check": loaded.conversion_check.force_error_ev_per_a,
+    "trainer_imported": "mace.tools.train" in sys.modules,
+    "weights": {name: tensor.double().sum().item() for name, tensor in state.items()},
+}))
+"""
+
+
+def _load_in_child(env: dict[str, str]) -> dict:
+    result = run_python(LOAD, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _kept(cache: Path) -> list[Path]:
+    folder = cache / "compile" / "converted"
+    return sorted(folder.glob("*.pt")) if folder.exists() else []
+
+
+def test_a_later_process_reuses_the_conversion_without_the_trainer(clean_env, tmp_path):
+    clean_env["FASTMACE_CACHE"] = str(tmp_path / "cache")
+    clean_env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    first, second = _load_in_child(clean_env), _load_in_child(clean_env)
+    assert "reused_s" not in first["timings"] and first["timings"]["convert_s"] > 0
+    assert first["trainer_imported"]  # mace-torch's converter imports it
+    assert "reused_s" in second["timings"] and "convert_s" not in second["timings"]
+    assert not second["trainer_imported"]
+    assert second["weights"] == first["weights"]
+    assert second["check"] == first["check"]  # the check made with the conversion, kept
+    assert len(_kept(tmp_path / "cache")) == 1
+
+
+def test_other_weights_heads_dtypes_and_versions_have_their_own_entries(cache, monkeypatch):
+    key = converted_cache.entry_key("weights-a", "default", "cueq", "cpu", "float32")
+    assert key == converted_cache.entry_key("weights-a", "default", "cueq", "cpu", "float32")
+    others = {
+        converted_cache.entry_key("weights-b", "default", "cueq", "cpu", "float32"),
+        converted_cache.entry_key("weights-a", "omat_pbe", "cueq", "cpu", "float32"),
+        converted_cache.entry_key("weights-a", "default", "cueq", "cpu", "float64"),
+    }
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    others.add(converted_cache.entry_key("weights-a", "default", "cueq", "cpu", "float32"))
+    monkeypatch.undo()
+    monkeypatch.setattr(converted_cache, "_version", lambda package: f"{package}-9.9")
+    others.add(converted_cache.entry_key("weights-a", "default", "cueq", "cpu", "float32"))
+    assert key not in others and len(others) == 5
+
+
+def test_a_template_of_other_weights_is_converted_not_served_the_kept_one(cache):
+    first = load("template:mp0-small", backend="cueq", device="cpu", seed=0)
+    other = load("template:mp0-small", backend="cueq", device="cpu", seed=1)
+    again = load("template:mp0-small", backend="cueq", device="cpu", seed=0)
+    assert "reused_s" not in other.timings  # new weights: converted and checked
+    assert "reused_s" in again.timings
+    assert len(_kept(cache)) == 2
+    for name, tensor in again.module.state_dict().items():
+        assert torch.equal(tensor, first.module.state_dict()[name]), name
+    # The kept module still agrees with the e3nn model it was converted from.
+    check = backends.check_conversion(again.reference, again.module, "cueq", again.head)
+    assert check.passed, check.errors()
+
+
+class _WritesMarker:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("damage", ["planted", "truncated"])
+def test_an_entry_not_written_by_this_user_or_damaged_is_converted_again(cache, tmp_path, damage):
+    first = load("template:mp0-small", backend="cueq", device="cpu")
+    [entry] = _kept(cache)
+    marker = tmp_path / "marker"
+    if damage == "planted":  # what another user of a shared cache root could write there
+        entry.write_bytes(pickle.dumps({"module": _WritesMarker(marker)}))
+    else:
+        entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
+    again = load("template:mp0-small", backend="cueq", device="cpu")
+    assert not marker.exists()  # none of the planted pickle's code ran
+    assert "reused_s" not in again.timings and again.conversion_check.passed
+    assert converted_cache.read(entry.stem, "cpu") is not None  # written and vouched anew
+    assert type(again.module) is type(first.module)
+
+
+def test_backends_that_hold_native_handles_are_not_kept(cache):
+    load("demo-emt-cu", backend="e3nn", device="cpu")
+    assert _kept(cache) == []
