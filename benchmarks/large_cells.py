@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,8 +77,14 @@ def padding_as(variant: str) -> Iterator[None]:
 
 
 def run_case(
-    atoms: int, variant: str, block_steps: int, timed_blocks: int, expandable: bool | None
+    atoms: int,
+    variant: str,
+    block_steps: int,
+    timed_blocks: int,
+    expandable: bool | None,
+    made: dict,
 ) -> dict:
+    """One case; ``made`` gets the simulation as soon as it exists (for a failure's record)."""
     structure = nacl(atoms)
     first = first_plan(structure, expandable)
     loaded = loaded_model(first.backend)
@@ -97,6 +104,7 @@ def run_case(
     torch.cuda.reset_peak_memory_stats()
     tick = time.perf_counter()
     simulation = Simulation(loaded, [structure], settings, engine=engine, progress=io.StringIO())
+    made["simulation"] = simulation
     setup_s = time.perf_counter() - tick
     blocks: list[float] = []
     run_block = simulation.engine.run_block
@@ -132,6 +140,20 @@ def run_case(
     }  # fmt: skip
 
 
+def failure_record(simulation: Simulation | None) -> dict:
+    """Where a failed case was: the innermost frames of the error and the engine's state."""
+    record: dict = {"traceback": traceback.format_exc()[-2500:]}
+    if simulation is not None:
+        engine = simulation.engine
+        record.update(
+            blocks_done=engine.steps_done // engine.block_steps,
+            warmed_up=engine.warmed_up,
+            last_launch=engine.last_launch,
+            capture_failure=engine.capture_failure,
+        )
+    return record
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--atoms", default="157464,512000,1000000")
@@ -162,16 +184,22 @@ def run_cases(args: argparse.Namespace, sizes: list[int]) -> int:
             name = f"{variant}-expandable" if args.expandable_segments else variant
             head = {"model": MODEL, "atoms": atoms, "path": "fastmace", "variant": name}
             expandable = True if args.expandable_segments else None
+            made: dict = {}
             try:
                 with padding_as(variant):
-                    case = run_case(atoms, variant, args.block_steps, args.timed_blocks, expandable)
+                    case = run_case(
+                        atoms, variant, args.block_steps, args.timed_blocks, expandable, made
+                    )
                 case["variant"] = name
             except torch.cuda.OutOfMemoryError as error:
                 peak = torch.cuda.max_memory_allocated() / 2**30
                 case = {**head, "status": "oom", "error": str(error)[:400], "peak_gib": peak}
+                case.update(failure_record(made.get("simulation")))
             except Exception as error:  # recorded, and the next case still runs
                 message = f"{type(error).__name__}: {error}"[:600]
                 case = {**head, "status": "failed", "error": message}
+                case.update(failure_record(made.get("simulation")))
+            made.clear()
             case["wall_s"] = time.perf_counter() - tick
             cases.append(case)
             gc.collect()  # the finished case's graphs and their memory pools

@@ -155,3 +155,15 @@ def test_a_failed_capture_hands_its_pool_back_before_the_eager_blocks(monkeypatc
     warm_up, after_failure = allocated_at_eager_blocks[0], allocated_at_eager_blocks[1:]
     assert after_failure, "no eager block ran after the failed capture"
     assert max(after_failure) < warm_up + pool_bytes // 2, (warm_up, after_failure)
+
+
+def test_a_block_whose_graph_would_not_fit_runs_eagerly_and_says_why(monkeypatch):
+    from fastmace.dynamics import engine as engine_module
+
+    # As if the graph's pool needed far more than the device has (a million atoms on an H200).
+    monkeypatch.setattr(engine_module, "CAPTURE_POOL_FACTOR", 1e12)
+    model = load("template:mp0-small", backend="cueq", device="cuda", dtype="float32")
+    simulation = Simulation(model, [nacl()], settings("nvt"), engine=engine(True))
+    simulation.run()
+    assert not simulation.engine.capture and not simulation.engine.graphs
+    assert simulation.engine.capture_failure.startswith("not captured: a block's graph")

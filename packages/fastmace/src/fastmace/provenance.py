@@ -436,7 +436,7 @@ def run_report(run: RunRecord, result: MDResult) -> str:
         formulas += f" and {len(run.structures) - 4} more"
     graphs = "CUDA graphs" if engine.capture else "no CUDA graphs"
     if engine.capture_failure:
-        graphs += f" (capture failed: {engine.capture_failure})"
+        graphs += f" ({engine.capture_failure})"
     if run.potential.compiled:
         graphs += f", {compiled_text(run.potential)}"
     elif run.potential.compile_failure:

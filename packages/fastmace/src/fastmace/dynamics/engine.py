@@ -54,6 +54,10 @@ StepFn = Callable[[MDState, ComputeFn], MDState]
 # A block that still overflows after this many regrowths is not converging: the list keeps
 # growing because the atoms keep collapsing, and the run stops instead.
 MAX_REGROWTHS_PER_BLOCK = 8
+# A captured block's private memory pool against the workspace of the same block run eagerly:
+# 36.2 GiB against 24.7 GiB at 157,464 atoms (1.47; memory_probe.py, 2026-12-04), more than
+# 1.4 at a million atoms. Blocks are captured only when this much of the workspace fits.
+CAPTURE_POOL_FACTOR = 1.6
 
 
 # The neighbour search (most of the list's cost) runs on one step in this many inside a block;
@@ -287,6 +291,7 @@ class Engine:
         self.max_edges_per_atom: float | None = None
         self.max_regrowths_per_block = MAX_REGROWTHS_PER_BLOCK
         self.search_halvings = 0  # blocks redone with more frequent neighbour searches
+        self._side_stream: torch.cuda.Stream | None = None  # where eager blocks run on CUDA
 
     # -- one block -------------------------------------------------------------------------
 
@@ -324,7 +329,12 @@ class Engine:
 
     def _run_eager(self, steps: int | None = None, long_search: bool = True) -> None:
         if self.md.state.device.type == "cuda":
-            side = torch.cuda.Stream()
+            # One side stream for the run: cuBLAS keeps a workspace (64 MiB on an H200) for
+            # every stream it has seen, so a new stream per block grew memory by that much
+            # per block until the pool's 32 streams were used (stage 57).
+            if self._side_stream is None:
+                self._side_stream = torch.cuda.Stream(self.md.state.device)
+            side = self._side_stream
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 copy_into(self.md, self._advance(self.md, steps, long_search))
@@ -346,14 +356,20 @@ class Engine:
         self.graphs[long_search] = graph
 
     def _capture_or_give_up(self, long_search: bool) -> bool:
-        """Capture the block's graph; if capturing fails (out of memory in the graph's pool,
-        an operation that cannot be captured), give graphs up for the run, say why (report,
-        metadata.json) and hand the failed capture's memory back. False when given up."""
+        """Capture the block's graph; if it would not fit in memory, or capturing fails (out
+        of memory in the graph's pool, an operation that cannot be captured), give graphs up
+        for the run, say why (report, metadata.json) and hand the failed capture's memory
+        back. False when given up."""
+        if not self.graphs:
+            self.capture_failure = capture_would_not_fit(self.md.state.device)
+            if self.capture_failure is not None:
+                self.capture = False
+                return False
         try:
             self._capture(long_search)  # capturing records the work without running it
             return True
         except RuntimeError as error:
-            self.capture_failure = f"{type(error).__name__}: {error}"[:500]
+            self.capture_failure = f"capture failed: {type(error).__name__}: {error}"[:500]
         # Outside the except clause: the traceback, and with it the failed capture's frames and
         # the graph's private pool they hold, are gone. Returned to the device, that memory is
         # there for the eager blocks (a million atoms: 131 GiB of pool, stage 56).
@@ -490,3 +506,26 @@ class Engine:
         self.graphs.clear()  # shapes changed: capture again, after an eager warm-up block
         self.warmed_up = False
         self.regrowths += 1
+
+
+def capture_would_not_fit(device: torch.device) -> str | None:
+    """Why the next block should run without a graph, or None when its graph fits.
+
+    The block's eager workspace is bounded by the process's peak allocation less what is
+    allocated now (the eager warm-up block and the first forces reached that peak); its graph
+    needs :data:`CAPTURE_POOL_FACTOR` times that in a pool of its own. Graphs save launch
+    time, which matters for small cells; a cell whose graph does not fit is large enough that
+    running its blocks eagerly costs little (a step takes a second at a million atoms).
+    """
+    torch.cuda.empty_cache()  # what the eager blocks cached goes back to the device first
+    workspace = torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
+    free, _ = torch.cuda.mem_get_info(device)
+    needed = CAPTURE_POOL_FACTOR * workspace
+    if needed <= free:
+        return None
+    gib = 2**30
+    return (
+        f"not captured: a block's graph would need about {needed / gib:.1f} GiB "
+        f"({CAPTURE_POOL_FACTOR} x the {workspace / gib:.1f} GiB an eager block used) and "
+        f"{free / gib:.1f} GiB are free; blocks run without CUDA graphs"
+    )
