@@ -56,7 +56,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 55  # 1M atoms: where the first evaluation is stuck
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 56  # padding spread over nodes: 13,824 to 1M atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 57  # failed capture hands its pool back; 1M atoms
-#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 58  # start-up with the lean import; 157k eager
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 58  # graphs that would not fit; 1M atoms
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 59  # start-up with converted models kept; 157k eager
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -778,14 +779,27 @@ PY
     --expandable-segments --out "$OUT/million-expandable" 2>&1 | grep -E "^\{|Error" | cut -c1-700
   ;;
 58)
-  # Issue 31, start-up now (mace-torch's model code imported without its trainer where it can
-  # be): fastmace md at 13,824 atoms, compiled, cold then warm, with -X importtime; then the
-  # cost of running a large cell without graphs (157,464 atoms, captured against eager).
-  export FASTMACE_CACHE=/tmp/fastmace-cache-58
+  # Issue 31, a million atoms again. Stage 57: the eager fallback after a failed capture still
+  # ran out of memory (131 GiB in the graph's pool, with and without expandable segments), and
+  # eager blocks grew memory by 64 MiB each (a new CUDA stream per block: cuBLAS's workspace).
+  # Now a block whose graph would not fit (1.6 x its eager workspace) is not captured, and one
+  # side stream serves every eager block. GPU tests first, then a million atoms as planned.
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_engine_gpu.py" \
+    -k "failed_capture or would_not_fit" > "$OUT/gpu_tests_58.txt" 2>&1
+  echo "engine gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_58.txt"))"
+  grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu_tests_58.txt" | head
+  timeout -k 20 ${LARGE_TIMEOUT:-300} python3 benchmarks/large_cells.py --atoms 1000000 \
+    --out "$OUT/million" 2>&1 | grep -E "^\{|Error" | cut -c1-1500
+  ;;
+59)
+  # Issue 31, start-up now (the converted model kept in the cache root: a warm start neither
+  # converts, checks nor imports mace-torch's trainer): fastmace md at 13,824 atoms, compiled,
+  # cold then warm, with -X importtime; then a large cell captured against eager (157,464).
+  export FASTMACE_CACHE=/tmp/fastmace-cache-59
   timeout 280 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 130 \
     --importtime --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
   echo "start-up 13824 (compiled): exit $?"
-  grep -E '"run"|to_first_step|"load_s"|load_read|load_convert|load_check|setup_s|first_block' \
+  grep -E '"run"|to_first_step|"load_s"|load_read|load_convert|load_check|load_reused|setup_s|first_block' \
     "$OUT/startup-13824.log" | head -30
   grep -h "start-up" "$OUT"/startup-13824/*.log
   timeout -k 20 150 python3 benchmarks/large_cells.py --atoms 157464 --variants default,eager \
