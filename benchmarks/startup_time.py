@@ -30,6 +30,7 @@ PHASES = (
     "load_read_s",
     "load_convert_s",
     "load_check_s",
+    "load_reused_s",
     "gate_s",
     "setup_s",
     "setup_potential_s",
