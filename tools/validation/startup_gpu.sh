@@ -58,6 +58,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 57  # failed capture hands its pool back; 1M atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 58  # graphs that would not fit; 1M atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 59  # start-up with converted models kept; 157k eager
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 60  # engine gpu tests again; start-up at 13,824
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -804,6 +805,21 @@ PY
   grep -h "start-up" "$OUT"/startup-13824/*.log
   timeout -k 20 150 python3 benchmarks/large_cells.py --atoms 157464 --variants default,eager \
     --out "$OUT/eager" 2>&1 | grep -E "^\{|Error" | cut -c1-500
+  ;;
+60)
+  # Stage 59's kept conversion failed on CUDA (a coefficient on the CPU after unpickling), so
+  # conversions are kept for CPU runs only. The engine's GPU tests again (stage 58's second
+  # test loaded the kept conversion), then start-up at 13,824 atoms, compiled, cold and warm.
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_engine_gpu.py" \
+    -k "failed_capture or would_not_fit" > "$OUT/gpu_tests_60.txt" 2>&1
+  echo "engine gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_60.txt"))"
+  grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_60.txt" | head
+  export FASTMACE_CACHE=/tmp/fastmace-cache-60
+  timeout 300 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 140 \
+    --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824 (compiled): exit $?"
+  grep -h "start-up" "$OUT"/startup-13824/*.log
+  python3 -c "import json; [print(r) for r in json.load(open('$OUT/startup-13824/startup_time.json'))['runs']]"
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),

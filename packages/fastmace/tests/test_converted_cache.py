@@ -113,3 +113,10 @@ def test_an_entry_not_written_by_this_user_or_damaged_is_converted_again(cache, 
 def test_backends_that_hold_native_handles_are_not_kept(cache):
     load("demo-emt-cu", backend="e3nn", device="cpu")
     assert _kept(cache) == []
+
+
+def test_conversions_on_cuda_are_not_kept_yet():
+    assert converted_cache.kept_for("cueq", "cpu")
+    assert not converted_cache.kept_for("cueq", "cuda")
+    assert not converted_cache.kept_for("cueq", "cuda:1")
+    assert not converted_cache.kept_for("hybrid", "cpu")

@@ -36,6 +36,18 @@ from fastmace.runtime.cache import cache_dir
 FORMAT = 1
 # Backends whose modules are kept: OpenEquivariance's hold handles to its host extension.
 KEPT_BACKENDS = frozenset({"cueq"})
+# Devices whose kept modules are read back. On CUDA a cuEquivariance module read back failed
+# in its first evaluation (a coefficient tensor of a naive segmented polynomial on the CPU,
+# stage 59 of tools/validation/startup_gpu.sh, 2026-12-04): kept for CPU runs until that is
+# found.
+KEPT_DEVICES = ("cpu",)
+
+
+def kept_for(backend: str, device: str) -> bool:
+    """Whether conversions to ``backend`` on ``device`` are kept and read back."""
+    return backend in KEPT_BACKENDS and device.startswith(KEPT_DEVICES)
+
+
 # Whatever changes what a conversion makes, or how its module unpickles.
 _PACKAGES = (
     "fastmace",

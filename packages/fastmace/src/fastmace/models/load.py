@@ -253,7 +253,7 @@ def _convert_or_reuse(
     """``reference`` on ``backend``: from the cache root when this user converted and checked
     the same weights there before (models/converted_cache.py), else converted, checked and kept.
     ``timings`` gains convert_s and check_s, or reused_s when the kept one was read."""
-    if backend not in converted_cache.KEPT_BACKENDS:
+    if not converted_cache.kept_for(backend, device):
         return _convert(reference, backend, device, dtype, head, timings)
     started = time.perf_counter()
     dtype_text = dtype_name(dtype if dtype is not None else model_dtype(reference))
