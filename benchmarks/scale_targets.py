@@ -37,16 +37,32 @@ class Target:
 
 
 def _default(atoms: int) -> Callable[[Case], bool]:
-    return lambda c: c["model"] == MEDIUM and c["atoms"] == atoms and c["variant"] == "default"
+    return lambda c: (
+        c.get("model") == MEDIUM and c.get("atoms") == atoms and c.get("variant") == "default"
+    )
 
 
 def _start(cache: str) -> Callable[[Case], bool]:
     # The compiled default path (the path of runs that pay for compilation), forced with
     # --compile for a run short enough to time its start-up.
     return lambda c: (
-        c.get("path") == "fastmace-md" and c["atoms"] == 13_824 and c.get("cache") == cache
-        and c["variant"] == "compile"
+        c.get("path") == "fastmace-md" and c.get("atoms") == 13_824 and c.get("cache") == cache
+        and c.get("variant") == "compile"
     )  # fmt: skip
+
+
+def _million(case: Case) -> bool:
+    return case.get("atoms", 0) >= MILLION
+
+
+def _to_first_step_s(case: Case) -> float | None:
+    """Process-free set-up to the first step: recorded, or (large_cells.py) the set-up plus
+    the whole first block, an upper bound."""
+    if "to_first_step_s" in case:
+        return case["to_first_step_s"]
+    if "setup_s" in case and case.get("block_s"):
+        return case["setup_s"] + case["block_s"][0]
+    return None
 
 
 def _per_atom_mib(case: Case) -> float | None:
@@ -62,14 +78,14 @@ TARGETS = (
     Target("fastmace md to the first step, 13,824 atoms, warm", _start("warm"),
            lambda c: c["to_first_step_s"], 8.0, "s"),
     Target("the same, cold", _start("cold"), lambda c: c["to_first_step_s"], 45.0, "s"),
-    Target("largest MP-0-medium cell that runs", lambda c: c["model"] == MEDIUM,
+    Target("largest MP-0-medium cell that runs", lambda c: c.get("model") == MEDIUM,
            lambda c: c["atoms"], MILLION, "atoms", larger_is_better=True),
-    Target("memory per atom at 1,000,000 atoms", lambda c: c["atoms"] >= MILLION, _per_atom_mib,
+    Target("memory per atom at 1,000,000 atoms", _million, _per_atom_mib,
            0.12, "MiB"),
-    Target("time per atom-step at 1,000,000 atoms", lambda c: c["atoms"] >= MILLION,
+    Target("time per atom-step at 1,000,000 atoms", _million,
            lambda c: c["ms_per_step"] * 1000 / c["atoms"], 1.5, "us"),
-    Target("set-up to the first step at 1,000,000 atoms", lambda c: c["atoms"] >= MILLION,
-           lambda c: c.get("to_first_step_s"), 60.0, "s"),
+    Target("set-up to the first step at 1,000,000 atoms", _million, _to_first_step_s, 60.0,
+           "s"),
 )  # fmt: skip
 
 
