@@ -59,6 +59,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 58  # graphs that would not fit; 1M atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 59  # start-up with converted models kept; 157k eager
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 60  # engine gpu tests again; start-up at 13,824
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 61  # kept conversions on CUDA; compile's warm parts
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -820,6 +821,36 @@ PY
   echo "start-up 13824 (compiled): exit $?"
   grep -h "start-up" "$OUT"/startup-13824/*.log
   python3 -c "import json; [print(r) for r in json.load(open('$OUT/startup-13824/startup_time.json'))['runs']]"
+  ;;
+61)
+  # Kept conversions on CUDA again: cuEquivariance's polynomials unpickle through their
+  # constructor (buffers on the CPU), now moved to the device when read. GPU tests (the kept
+  # conversion's, the engine's of stage 60), start-up at 13,824 atoms compiled, cold and warm,
+  # a third warm run under TORCH_TRACE (where the compilation's warm seconds go), then the
+  # uncompiled plan of a 200-step run, cold and warm.
+  timeout 220 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_converted_cache.py" \
+    "$tests/test_engine_gpu.py" -k "kept_conversion or failed_capture or would_not_fit" \
+    > "$OUT/gpu_tests_61.txt" 2>&1
+  echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_61.txt"))"
+  grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_61.txt" | head
+  export FASTMACE_CACHE=/tmp/fastmace-cache-61
+  timeout 230 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 110 \
+    --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824 (compiled): exit $?"
+  grep -h "start-up" "$OUT"/startup-13824/*.log
+  structure=$(ls "$OUT"/startup-13824/nacl-13824.extxyz)
+  TORCH_TRACE=/tmp/trace-61 timeout 90 python3 -m fastmace md "$structure" \
+    --model template:mp0-medium --dtype float32 --backend cueq --steps 200 --traj-every 0 \
+    --temperature 300 --compile --output /tmp/run-61-trace > "$OUT/traced-warm.log" 2>&1
+  echo "traced warm run: exit $?"
+  grep -h "start-up" "$OUT/traced-warm.log"
+  python3 tools/validation/compile_metrics.py /tmp/trace-61 > "$OUT/compile-metrics-warm.jsonl"
+  cut -c1-900 "$OUT/compile-metrics-warm.jsonl"
+  FASTMACE_CACHE=/tmp/fastmace-cache-61b \
+    timeout 110 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 50 \
+    --out "$OUT/startup-13824-default" > "$OUT/startup-13824-default.log" 2>&1
+  echo "start-up 13824 (default plan, 200 steps): exit $?"
+  grep -h "start-up" "$OUT"/startup-13824-default/*.log
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),

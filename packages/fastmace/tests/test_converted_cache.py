@@ -23,6 +23,9 @@ import torch
 from fastmace.models.load import load
 loaded = load("demo-emt-cu", backend="cueq", device="cpu")
 state = loaded.module.state_dict()
+# What a compiled run prepares before its first call (compilation itself waits for that call).
+from fastmace.dynamics.potential import _compiled
+_compiled(loaded.module)
 print(json.dumps({
     "timings": loaded.timings,
     "check": loaded.conversion_check.force_error_ev_per_a,
@@ -32,8 +35,24 @@ print(json.dumps({
 """
 
 
-def _load_in_child(env: dict[str, str]) -> dict:
-    result = run_python(LOAD, env)
+# The same on CUDA: the MP-0-small template's energy and forces on rattled rock salt.
+LOAD_CUDA = """
+import json, sys
+import ase.build, torch
+from fastmace.models.load import load
+from fastmace.models.reference import evaluate
+loaded = load("template:mp0-small", backend="cueq", device="cuda", seed=0)
+atoms = ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat(2)
+atoms.rattle(0.05, seed=3)
+result = evaluate(loaded.module, atoms, loaded.head, stress=False)
+print(json.dumps({"timings": loaded.timings, "energy": result.energy,
+                  "forces": result.forces.tolist(),
+                  "devices": sorted({str(t.device) for t in loaded.module.state_dict().values()})}))
+"""
+
+
+def _load_in_child(env: dict[str, str], code: str = LOAD) -> dict:
+    result = run_python(code, env)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -50,10 +69,22 @@ def test_a_later_process_reuses_the_conversion_without_the_trainer(clean_env, tm
     assert "reused_s" not in first["timings"] and first["timings"]["convert_s"] > 0
     assert first["trainer_imported"]  # mace-torch's converter imports it
     assert "reused_s" in second["timings"] and "convert_s" not in second["timings"]
-    assert not second["trainer_imported"]
+    assert not second["trainer_imported"]  # neither by the load nor by compile's preparation
     assert second["weights"] == first["weights"]
     assert second["check"] == first["check"]  # the check made with the conversion, kept
     assert len(_kept(tmp_path / "cache")) == 1
+
+
+@pytest.mark.gpu
+def test_a_kept_conversion_runs_on_cuda_as_the_conversion_did(clean_env, tmp_path):
+    clean_env["FASTMACE_CACHE"] = str(tmp_path / "cache")
+    clean_env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    first = _load_in_child(clean_env, LOAD_CUDA)
+    second = _load_in_child(clean_env, LOAD_CUDA)
+    assert "reused_s" not in first["timings"] and "reused_s" in second["timings"]
+    assert second["devices"] == ["cuda:0"]
+    assert second["energy"] == first["energy"]
+    assert second["forces"] == first["forces"]
 
 
 def test_other_weights_heads_dtypes_and_versions_have_their_own_entries(cache, monkeypatch):
@@ -115,8 +146,23 @@ def test_backends_that_hold_native_handles_are_not_kept(cache):
     assert _kept(cache) == []
 
 
-def test_conversions_on_cuda_are_not_kept_yet():
+def test_conversions_to_cueq_are_kept_on_cpu_and_cuda_only():
     assert converted_cache.kept_for("cueq", "cpu")
-    assert not converted_cache.kept_for("cueq", "cuda")
-    assert not converted_cache.kept_for("cueq", "cuda:1")
+    assert converted_cache.kept_for("cueq", "cuda")
+    assert converted_cache.kept_for("cueq", "cuda:1")
     assert not converted_cache.kept_for("hybrid", "cpu")
+    assert not converted_cache.kept_for("cueq", "mps")
+
+
+def test_a_kept_module_is_read_back_whole_on_the_device_asked_for(cache):
+    """cuEquivariance's polynomials unpickle by calling their constructor, which makes their
+    coefficient buffers on the CPU; read for another device, none may stay behind. The meta
+    device stands in for CUDA here: it is a device the module was not built on."""
+    load("demo-emt-cu", backend="cueq", device="cpu")
+    [entry] = _kept(cache)
+    kept = converted_cache.read(entry.stem, "meta")
+    assert kept is not None
+    tensors = dict(kept.module.named_parameters()) | dict(kept.module.named_buffers())
+    assert any("polynomial" in name or ".m." in name for name in tensors), sorted(tensors)[:20]
+    elsewhere = {name: str(t.device) for name, t in tensors.items() if t.device.type != "meta"}
+    assert elsewhere == {}

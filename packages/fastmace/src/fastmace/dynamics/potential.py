@@ -631,7 +631,6 @@ def _compiled(
     inside :func:`_compile_settings`.
     """
     from mace.tools.compile import disable_e3nn_codegen, simplify
-    from mace.tools.scripts_utils import extract_model
 
     from fastmace.runtime import cache, environment
 
@@ -648,6 +647,10 @@ def _compiled(
         if accelerated:
             traceable = weight_sharing_copy(model)
         else:
+            # Imported here: scripts_utils imports mace-torch's trainer (seconds), which a
+            # converted model's compilation does not need.
+            from mace.tools.scripts_utils import extract_model
+
             # Rebuilt under the model's dtype: e3nn keeps some constants outside its buffers.
             # A model build like any other, so inside contained() (its coefficients in float64).
             with contained(), default_dtype(model_dtype(model)):

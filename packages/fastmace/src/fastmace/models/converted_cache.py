@@ -36,11 +36,8 @@ from fastmace.runtime.cache import cache_dir
 FORMAT = 1
 # Backends whose modules are kept: OpenEquivariance's hold handles to its host extension.
 KEPT_BACKENDS = frozenset({"cueq"})
-# Devices whose kept modules are read back. On CUDA a cuEquivariance module read back failed
-# in its first evaluation (a coefficient tensor of a naive segmented polynomial on the CPU,
-# stage 59 of tools/validation/startup_gpu.sh, 2026-12-04): kept for CPU runs until that is
-# found.
-KEPT_DEVICES = ("cpu",)
+# Devices whose kept modules are read back.
+KEPT_DEVICES = ("cpu", "cuda")
 
 
 def kept_for(backend: str, device: str) -> bool:
@@ -105,7 +102,10 @@ def read(key: str, device: str) -> KeptConversion | None:
         return None
     if not (isinstance(module, torch.nn.Module) and check.passed):
         return None
-    return KeptConversion(module.eval(), check, path)
+    # cuEquivariance's SegmentedPolynomial pickles as its constructor's arguments, so its
+    # coefficient buffers are made anew on the CPU whatever map_location says: move them.
+    # (Without this, the first evaluation on CUDA failed: "mat2 is on cpu", 2026-12-04.)
+    return KeptConversion(module.to(device).eval(), check, path)
 
 
 def write(key: str, module: torch.nn.Module, check: ConversionCheck) -> Path | None:
