@@ -2,6 +2,7 @@
 
     python3 tools/validation/aot_probe2.py inductor           # trace, Inductor's Python wrapper
     python3 tools/validation/aot_probe2.py aoti-build PATH [separate-weights]
+        (AOT_PROBE_LIBS=":libstdc++.so.6" links those libraries too)
     python3 tools/validation/aot_probe2.py aoti-load PATH      # in a fresh process
 
 Each prints its phases' seconds and the largest force difference from the eager evaluation.
@@ -71,6 +72,8 @@ def main() -> int:
     options = {}
     if len(sys.argv) > 3:
         options = {"aot_inductor.package_constants_in_so": False}
+    if os.environ.get("AOT_PROBE_LIBS"):  # more libraries to link, e.g. ":libstdc++.so.6"
+        options["aot_inductor.custom_op_libs"] = os.environ["AOT_PROBE_LIBS"].split(",")
     with aot._inductor_settings(), aot._cuda_home_for(state.device):
         torch._inductor.aoti_compile_and_package(
             exported, package_path=sys.argv[2], inductor_configs=options

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 # The fields of torch's CompilationMetrics worth a line: times and cache outcomes.
-KEPT_SUFFIXES = ("_time_s", "_time_us", "_cache_hit", "_cache_miss", "_cache_bypass")
-KEPT_FIELDS = ("co_name", "co_filename", "frame_key", "fail_reason", "graph_op_count")
+KEPT_SUFFIXES = ("_s", "_us", "_count", "_cache_hit", "_cache_miss", "_cache_bypass")
+KEPT_FIELDS = ("co_name", "co_filename", "frame_key", "fail_reason", "restart_reasons")
 
 
 def metrics_of(line: str) -> dict | None:

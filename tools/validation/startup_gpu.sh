@@ -60,6 +60,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 59  # start-up with converted models kept; 157k eager
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 60  # engine gpu tests again; start-up at 13,824
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 61  # kept conversions on CUDA; compile's warm parts
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 62  # AOTInductor's wrapper: how libstdc++ is linked
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -851,6 +852,32 @@ PY
     --out "$OUT/startup-13824-default" > "$OUT/startup-13824-default.log" 2>&1
   echo "start-up 13824 (default plan, 200 steps): exit $?"
   grep -h "start-up" "$OUT"/startup-13824-default/*.log
+  ;;
+62)
+  # AOTInductor's loader crash (stages 45-50): the native backtrace named libstdc++'s own
+  # functions (std::codecvt<char16_t>::do_unshift) inside the package's wrapper.so, as if
+  # libstdc++ were linked into it statically, with a locale of its own never initialised. How
+  # g++ finds libstdc++ here, what the wrapper needs and defines; then the same package linked
+  # with -l:libstdc++.so.6 first (aot_inductor.custom_op_libs), loaded in a fresh process.
+  gcc -shared -fPIC -O1 -o /tmp/segv_backtrace.so tools/validation/segv_backtrace.c
+  echo "g++ $(g++ -dumpfullversion): libstdc++.so -> $(g++ -print-file-name=libstdc++.so)," \
+    "libstdc++.a -> $(g++ -print-file-name=libstdc++.a)"
+  export FASTMACE_CACHE=/tmp/fastmace-cache-62 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-62
+  export AOT_PROBE_TEMPLATE=mp0-small
+  probe=tools/validation/aot_probe2.py
+  for variant in default libstdcxx-shared; do
+    libs=""; [ "$variant" = libstdcxx-shared ] && libs=":libstdc++.so.6"
+    AOT_PROBE_LIBS="$libs" timeout 200 python3 "$probe" aoti-build "/tmp/$variant.pt2" 2>&1 \
+      | grep -E "at |rror" | tail -3
+    rm -rf "/tmp/$variant" && mkdir -p "/tmp/$variant" && python3 -m zipfile -e "/tmp/$variant.pt2" "/tmp/$variant"
+    so=$(find "/tmp/$variant" -name "*.so" | head -1)
+    echo "$variant: $(basename "$so"): needs $(readelf -d "$so" | grep NEEDED | grep -o '\[.*\]' | tr '\n' ' ')"
+    echo "$variant: defines $(nm -D --defined-only "$so" | grep -c 'St6locale\|codecvt') locale/codecvt symbols"
+    LD_PRELOAD=/tmp/segv_backtrace.so timeout 90 python3 "$probe" aoti-load "/tmp/$variant.pt2" \
+      > "$OUT/aoti_load_$variant.txt" 2>&1
+    echo "$variant: load exit $?"
+    grep -E "loaded at|called at|SIGSEGV|Error" "$OUT/aoti_load_$variant.txt" | head -5
+  done
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),

@@ -75,6 +75,31 @@ def test_a_later_process_reuses_the_conversion_without_the_trainer(clean_env, tm
     assert len(_kept(tmp_path / "cache")) == 1
 
 
+def test_a_forward_replaced_by_mace_is_replaced_again_when_read(cache):
+    """On CUDA mace-torch replaces the convolution's forward on the instance
+    (``with_cueq_conv_fusion``), which cuEquivariance's pickling drops (stage 61, 2026-12-04).
+    Here a polynomial of the CPU conversion gets mace-torch's other such wrapper."""
+    from mace.modules.wrapper_ops import with_scatter_sum
+
+    loaded = load("demo-emt-cu", backend="cueq", device="cpu")
+    with_scatter_sum(loaded.module.get_submodule("interactions.0.conv_tp.f"))
+    wrapped = converted_cache.instance_forwards(loaded.module)
+    assert wrapped == {"interactions.0.conv_tp.f": "with_scatter_sum.<locals>.forward"}
+    key = converted_cache.entry_key("wrapped", "default", "cueq", "cpu", "float32")
+    assert converted_cache.write(key, loaded.module, loaded.conversion_check) is not None
+    kept = converted_cache.read(key, "cpu")
+    assert converted_cache.instance_forwards(kept.module) == wrapped
+
+
+def test_a_forward_replaced_by_unknown_code_is_not_kept(cache):
+    loaded = load("demo-emt-cu", backend="cueq", device="cpu")
+    polynomial = loaded.module.get_submodule("interactions.0.conv_tp.f")
+    polynomial.forward = lambda *inputs: inputs  # pickles silently, would be lost
+    key = converted_cache.entry_key("unknown", "default", "cueq", "cpu", "float32")
+    assert converted_cache.write(key, loaded.module, loaded.conversion_check) is None
+    assert converted_cache.read(key, "cpu") is None
+
+
 @pytest.mark.gpu
 def test_a_kept_conversion_runs_on_cuda_as_the_conversion_did(clean_env, tmp_path):
     clean_env["FASTMACE_CACHE"] = str(tmp_path / "cache")

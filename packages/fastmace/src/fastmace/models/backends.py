@@ -118,7 +118,7 @@ def convert(
         return source.eval()
     import_mace()
     if backend in ("cueq", "hybrid") and device.startswith("cuda"):
-        _keep_cueq_kernels()
+        keep_cueq_kernels()
     # Descriptors from the cache root: seconds of set-up saved per process (cueq_descriptors).
     with contained(), descriptors_cached_on_disk():
         if backend == "cueq":
@@ -131,7 +131,7 @@ def convert(
     return converted.to(device=device, dtype=dtype).eval()
 
 
-def _keep_cueq_kernels() -> None:
+def keep_cueq_kernels() -> None:
     """cuEquivariance-ops' NVRTC-compiled kernels kept in the cache root for later processes
     (docs/environment.md), before the converted model's first call compiles them."""
     from fastmace.runtime import cache, environment

@@ -8,6 +8,13 @@ e3nn model when it was made, are kept under ``<cache root>/compile/converted/``;
 that loads the same weights for the same backend, device kind, dtype, head and library versions
 unpickles them instead.
 
+cuEquivariance's ``SegmentedPolynomial`` pickles as its constructor's arguments: its buffers
+are made anew on the CPU, and what mace-torch set on the instance after construction (the
+convolution's ``forward``, replaced by ``with_cueq_conv_fusion`` on CUDA) is not kept. So a
+read module is moved to its device, the wrappers named when it was kept are applied again, and
+an entry is written only when a round trip gives back the same modules, attributes, parameters
+and buffers.
+
 A pickle runs code when read, so an entry is read only when its bytes are the ones this user
 wrote (runtime/vouched.py; the threat model is in docs/environment.md). An entry that is
 missing, not vouched for, or cannot be unpickled counts as absent: the model is converted and
@@ -22,6 +29,7 @@ import hashlib
 import io
 import json
 import pickle
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -33,7 +41,7 @@ from fastmace.runtime import vouched
 from fastmace.runtime.atomic import atomic_write
 from fastmace.runtime.cache import cache_dir
 
-FORMAT = 1
+FORMAT = 2
 # Backends whose modules are kept: OpenEquivariance's hold handles to its host extension.
 KEPT_BACKENDS = frozenset({"cueq"})
 # Devices whose kept modules are read back.
@@ -96,33 +104,91 @@ def read(key: str, device: str) -> KeptConversion | None:
     if data is None:
         return None
     try:
-        kept = torch.load(io.BytesIO(data), map_location=device, weights_only=False)
+        kept = _unpickled(data, device)
         module, check = kept["module"], ConversionCheck(**kept["check"])
     except Exception:  # an entry another version wrote, or damaged: convert again
         return None
     if not (isinstance(module, torch.nn.Module) and check.passed):
         return None
-    # cuEquivariance's SegmentedPolynomial pickles as its constructor's arguments, so its
-    # coefficient buffers are made anew on the CPU whatever map_location says: move them.
-    # (Without this, the first evaluation on CUDA failed: "mat2 is on cpu", 2026-12-04.)
-    return KeptConversion(module.to(device).eval(), check, path)
+    return KeptConversion(module.eval(), check, path)
 
 
 def write(key: str, module: torch.nn.Module, check: ConversionCheck) -> Path | None:
     """Keep ``module`` and its passed ``check`` under ``key``; None when the module cannot be
-    pickled or the cache root cannot be written (the next process converts again)."""
+    pickled faithfully or the cache root cannot be written (the next process converts again)."""
+    wrapped = instance_forwards(module)
+    if not set(wrapped.values()) <= set(_wrappers()):
+        return None  # a forward replaced by code we cannot apply again
     buffer = io.BytesIO()
     try:
-        torch.save({"module": module, "check": asdict(check)}, buffer)
-    except (pickle.PicklingError, TypeError, AttributeError, RuntimeError):
+        torch.save({"module": module, "check": asdict(check), "wrapped": wrapped}, buffer)
+        data = buffer.getvalue()
+        device = str(next(module.parameters()).device)
+        if _outline(_unpickled(data, device)["module"]) != _outline(module):
+            return None
+    except (pickle.PicklingError, TypeError, AttributeError, RuntimeError, StopIteration):
         return None
-    data = buffer.getvalue()
     with contextlib.suppress(OSError):
         path = entry_path(key)
         atomic_write(path, lambda stream: stream.write(data))
         if vouched.vouch(path, data):  # read back only by this user
             return path
     return None
+
+
+def instance_forwards(module: torch.nn.Module) -> dict[str, str]:
+    """The submodules whose ``forward`` was replaced on the instance, by the qualified name of
+    the replacement (mace-torch's wrappers define it locally)."""
+    return {
+        name: getattr(vars(sub)["forward"], "__qualname__", "?")
+        for name, sub in module.named_modules()
+        if "forward" in vars(sub)
+    }
+
+
+def _wrappers() -> dict[str, Callable[[torch.nn.Module], torch.nn.Module]]:
+    """mace-torch's wrappers that replace a module's ``forward``, by the name of the forward
+    each one sets."""
+    from mace.modules import wrapper_ops
+
+    known = (wrapper_ops.with_cueq_conv_fusion, wrapper_ops.with_scatter_sum)
+    return {f"{wrapper.__name__}.<locals>.forward": wrapper for wrapper in known}
+
+
+def _unpickled(data: bytes, device: str) -> dict:
+    """An entry's contents, its module on ``device`` with its wrappers applied again."""
+    kept = torch.load(io.BytesIO(data), map_location=device, weights_only=False)
+    module = kept["module"]
+    wrappers = _wrappers() if kept.get("wrapped") else {}
+    for name, forward in kept.get("wrapped", {}).items():
+        sub = module.get_submodule(name)
+        if "forward" not in vars(sub):  # lost in the pickle: cuEquivariance's __reduce__
+            wrappers[forward](sub)
+    # Buffers made by a constructor while unpickling are on the CPU, whatever map_location
+    # says (without this the first evaluation on CUDA failed: "mat2 is on cpu", 2026-12-04).
+    kept["module"] = module.to(device)
+    return kept
+
+
+def _outline(module: torch.nn.Module) -> dict[str, tuple]:
+    """Each submodule's class, public attribute names (torch's own, and caches a library
+    fills on first use, begin with an underscore), and parameters' and buffers' shapes and
+    dtypes: what a faithful round trip through pickle must give back."""
+
+    def tensors(named: dict[str, torch.Tensor | None]) -> tuple:
+        return tuple(
+            (name, None if t is None else (tuple(t.shape), t.dtype)) for name, t in named.items()
+        )
+
+    return {
+        name: (
+            type(sub).__qualname__,
+            tuple(sorted(name for name in vars(sub) if not name.startswith("_"))),
+            tensors(sub._parameters),
+            tensors(sub._buffers),
+        )
+        for name, sub in module.named_modules()
+    }
 
 
 @functools.cache  # the sources do not change while a process runs

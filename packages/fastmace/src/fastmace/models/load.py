@@ -256,6 +256,8 @@ def _convert_or_reuse(
     if not converted_cache.kept_for(backend, device):
         return _convert(reference, backend, device, dtype, head, timings)
     started = time.perf_counter()
+    if device.startswith("cuda"):  # a kept module's first call compiles kernels too
+        backends.keep_cueq_kernels()
     dtype_text = dtype_name(dtype if dtype is not None else model_dtype(reference))
     key = converted_cache.entry_key(content_hash, head, backend, device, dtype_text)
     kept = converted_cache.read(key, device)
