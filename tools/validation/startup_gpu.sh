@@ -859,6 +859,7 @@ PY
   # libstdc++ were linked into it statically, with a locale of its own never initialised. How
   # g++ finds libstdc++ here, what the wrapper needs and defines; then the same package linked
   # with -l:libstdc++.so.6 first (aot_inductor.custom_op_libs), loaded in a fresh process.
+  timeout 90 python3 tools/validation/kept_conversion_probe.py 2>&1 | grep -v Warn | tail -30
   gcc -shared -fPIC -O1 -o /tmp/segv_backtrace.so tools/validation/segv_backtrace.c
   echo "g++ $(g++ -dumpfullversion): libstdc++.so -> $(g++ -print-file-name=libstdc++.so)," \
     "libstdc++.a -> $(g++ -print-file-name=libstdc++.a)"
