@@ -9,11 +9,11 @@ that loads the same weights for the same backend, device kind, dtype, head and l
 unpickles them instead.
 
 cuEquivariance's ``SegmentedPolynomial`` pickles as its constructor's arguments: its buffers
-are made anew on the CPU, and what mace-torch set on the instance after construction (the
-convolution's ``forward``, replaced by ``with_cueq_conv_fusion`` on CUDA) is not kept. So a
-read module is moved to its device, the wrappers named when it was kept are applied again, and
-an entry is written only when a round trip gives back the same modules, attributes, parameters
-and buffers.
+are made anew on the CPU in float64, and what mace-torch set on the instance after
+construction (the convolution's ``forward``, replaced by ``with_cueq_conv_fusion`` on CUDA) is
+not kept. So a read module is moved to its device and dtype, the wrappers named when it was
+kept are applied again, and an entry is written only when a round trip gives back the same
+modules, attributes, parameters and buffers.
 
 A pickle runs code when read, so an entry is read only when its bytes are the ones this user
 wrote (runtime/vouched.py; the threat model is in docs/environment.md). An entry that is
@@ -121,9 +121,11 @@ def write(key: str, module: torch.nn.Module, check: ConversionCheck) -> Path | N
         return None  # a forward replaced by code we cannot apply again
     buffer = io.BytesIO()
     try:
-        torch.save({"module": module, "check": asdict(check), "wrapped": wrapped}, buffer)
+        parameter = next(module.parameters())
+        entry = {"module": module, "check": asdict(check), "wrapped": wrapped}
+        torch.save(entry | {"dtype": parameter.dtype}, buffer)
         data = buffer.getvalue()
-        device = str(next(module.parameters()).device)
+        device = str(parameter.device)
         if _outline(_unpickled(data, device)["module"]) != _outline(module):
             return None
     except (pickle.PicklingError, TypeError, AttributeError, RuntimeError, StopIteration):
@@ -164,9 +166,10 @@ def _unpickled(data: bytes, device: str) -> dict:
         sub = module.get_submodule(name)
         if "forward" not in vars(sub):  # lost in the pickle: cuEquivariance's __reduce__
             wrappers[forward](sub)
-    # Buffers made by a constructor while unpickling are on the CPU, whatever map_location
-    # says (without this the first evaluation on CUDA failed: "mat2 is on cpu", 2026-12-04).
-    kept["module"] = module.to(device)
+    # Buffers made by a constructor while unpickling are on the CPU in float64, whatever
+    # map_location says: put them where the conversion put them (its last step is this same
+    # call). Without it the first evaluation on CUDA failed: "mat2 is on cpu" (2026-12-04).
+    kept["module"] = module.to(device=device, dtype=kept.get("dtype"))
     return kept
 
 
