@@ -43,7 +43,7 @@ def main() -> int:
             dynamic_shapes=aot._dynamic_shapes(edges.mirrored), strict=False,
         )  # fmt: skip
         print(f"exported at {time.perf_counter() - started:.1f} s", flush=True)
-        with aot._inductor_settings(), aot._cuda_home_for(state.device):
+        with aot._inductor_settings(state.device), aot._cuda_home_for(state.device):
             path = torch._inductor.aoti_compile_and_package(exported, package_path="/tmp/p.pt2")
         print(f"compiled at {time.perf_counter() - started:.1f} s", flush=True)
         runner = torch._inductor.aoti_load_package(path, run_single_threaded=True)

@@ -50,7 +50,10 @@ def main() -> int:
     potential, state, edges = setup()
     started = time.perf_counter()
     if mode == "aoti-load":
+        # The load took 33 s on the H200 (stage 63): Python's stack every 5 s says where.
+        faulthandler.dump_traceback_later(5, repeat=True)
         runner = torch._inductor.aoti_load_package(sys.argv[2], run_single_threaded=True)
+        faulthandler.cancel_dump_traceback_later()
         print(f"loaded at {time.perf_counter() - started:.1f} s", flush=True)
         report(potential, state, edges, runner(*aot._inputs(state, edges)), started)
         return 0
@@ -60,7 +63,7 @@ def main() -> int:
         from torch._inductor.compile_fx import compile_fx
 
         fake = [node.meta["val"] for node in graph.graph.nodes if node.op == "placeholder"]
-        with aot._inductor_settings():
+        with aot._inductor_settings(state.device):
             compiled = compile_fx(graph, fake)
         print(f"compiled at {time.perf_counter() - started:.1f} s", flush=True)
         report(potential, state, edges, compiled(*aot._inputs(state, edges)), started)
@@ -74,7 +77,7 @@ def main() -> int:
         options = {"aot_inductor.package_constants_in_so": False}
     if os.environ.get("AOT_PROBE_LIBS"):  # more libraries to link, e.g. ":libstdc++.so.6"
         options["aot_inductor.custom_op_libs"] = os.environ["AOT_PROBE_LIBS"].split(",")
-    with aot._inductor_settings(), aot._cuda_home_for(state.device):
+    with aot._inductor_settings(state.device), aot._cuda_home_for(state.device):
         torch._inductor.aoti_compile_and_package(
             exported, package_path=sys.argv[2], inductor_configs=options
         )

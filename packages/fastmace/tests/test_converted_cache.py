@@ -9,6 +9,7 @@ import json
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import run_python
@@ -109,7 +110,10 @@ def test_a_kept_conversion_runs_on_cuda_as_the_conversion_did(clean_env, tmp_pat
     assert "reused_s" not in first["timings"] and "reused_s" in second["timings"]
     assert second["devices"] == ["cuda:0"]
     assert second["energy"] == first["energy"]
-    assert second["forces"] == first["forces"]
+    # cuEquivariance's backward sums with atomics: the order, and so the last bits, vary
+    # between evaluations of the same module (2e-18 eV/Å apart on 2026-12-04, stage 63).
+    difference = abs(np.asarray(second["forces"]) - np.asarray(first["forces"])).max()
+    assert difference < 1e-9
 
 
 def test_other_weights_heads_dtypes_and_versions_have_their_own_entries(cache, monkeypatch):

@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -183,7 +184,7 @@ def _build(
     try:
         built = scratch / path.name
         try:
-            with _inductor_settings(), _cuda_home_for(state.device):
+            with _inductor_settings(state.device), _cuda_home_for(state.device):
                 torch._inductor.aoti_compile_and_package(exported, package_path=str(built))
         except Exception as error:
             raise AotBuildError(
@@ -356,7 +357,7 @@ def _load(data: bytes) -> Callable[..., object]:
 
 
 @contextlib.contextmanager
-def _inductor_settings() -> Iterator[None]:
+def _inductor_settings(device: torch.device) -> Iterator[None]:
     from torch._inductor import config as inductor_config
 
     # Small constants (a table's spacing, a head index) stay tensors: inlined as numbers,
@@ -364,6 +365,12 @@ def _inductor_settings() -> Iterator[None]:
     settings: dict[str, object] = {"always_keep_tensor_constants": True}
     if hasattr(inductor_config, "cpp_cache_precompile_headers"):
         settings["cpp_cache_precompile_headers"] = False  # see potential._compile_settings
+    if device.type == "cuda" and sys.platform == "linux":
+        # As torch 2.11 links it for CUDA, the package's library carries a static copy of
+        # libstdc++ whose locale is never set up: its loader crashed compiling a std::regex.
+        # Linked to the process's shared libstdc++ first, it loads and runs (stage 62 of
+        # tools/validation/startup_gpu.sh, docs/validation/performance.md).
+        settings["aot_inductor.custom_op_libs"] = [":libstdc++.so.6"]
     with inductor_config.patch(settings):
         yield
 
