@@ -62,6 +62,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 61  # kept conversions on CUDA; compile's warm parts
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 62  # AOTInductor's wrapper: how libstdc++ is linked
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 63  # kept conversions in float32; AOTI loaded twice
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 64  # compiled start-up, conversion kept; AOTI's load
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -904,6 +905,30 @@ PY
       > "$OUT/aoti_load_$load.txt" 2>&1
     echo "$load load: exit $?"; grep -E "loaded at|called at|Error" "$OUT/aoti_load_$load.txt"
   done
+  ;;
+64)
+  # The compiled path's start-up with the conversion kept on CUDA (stage 63) and the thermo
+  # stress evaluated uncompiled (no second graph after the first step), under TORCH_TRACE for
+  # the warm run; then where AOTInductor's 33 s load goes (Python's stack every 5 s).
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_converted_cache.py" \
+    "$tests/test_engine_gpu.py" -k "kept_conversion or failed_capture or would_not_fit" \
+    > "$OUT/gpu_tests_64.txt" 2>&1
+  echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_64.txt"))"
+  grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_64.txt" | head -5
+  export FASTMACE_CACHE=/tmp/fastmace-cache-64
+  TORCH_TRACE=/tmp/trace-64 timeout 230 python3 benchmarks/startup_time.py --atoms 13824 \
+    --steps 200 --timeout-s 110 --out "$OUT/startup-13824" --extra=--compile \
+    > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824 (compiled): exit $?"
+  grep -h "start-up" "$OUT"/startup-13824/*.log
+  python3 tools/validation/compile_metrics.py /tmp/trace-64 > "$OUT/compile-metrics.jsonl"
+  cut -c1-400 "$OUT/compile-metrics.jsonl"
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-64 AOT_PROBE_TEMPLATE=mp0-small
+  timeout 150 python3 tools/validation/aot_probe2.py aoti-build /tmp/p.pt2 2>&1 \
+    | grep -E "at |rror" | tail -3
+  timeout 80 python3 tools/validation/aot_probe2.py aoti-load /tmp/p.pt2 > "$OUT/aoti_load.txt" 2>&1
+  echo "load: exit $?"
+  grep -E "loaded at|called at|Error|^  File" "$OUT/aoti_load.txt" | head -60
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),

@@ -23,6 +23,7 @@ import json, sys
 import torch
 from fastmace.models.load import load
 loaded = load("demo-emt-cu", backend="cueq", device="cpu")
+reference_read = "reference" in vars(loaded)  # before anything asks for it
 state = loaded.module.state_dict()
 # What a compiled run prepares before its first call (compilation itself waits for that call).
 from fastmace.dynamics.potential import _compiled
@@ -32,6 +33,9 @@ print(json.dumps({
     "check": loaded.conversion_check.force_error_ev_per_a,
     "trainer_imported": "mace.tools.train" in sys.modules,
     "weights": {name: tensor.double().sum().item() for name, tensor in state.items()},
+    "reference_read": reference_read,
+    "reference_weights": sum(p.double().sum().item() for p in loaded.reference.parameters()),
+    "description": str(loaded.description),
 }))
 """
 
@@ -71,6 +75,10 @@ def test_a_later_process_reuses_the_conversion_without_the_trainer(clean_env, tm
     assert first["trainer_imported"]  # mace-torch's converter imports it
     assert "reused_s" in second["timings"] and "convert_s" not in second["timings"]
     assert not second["trainer_imported"]  # neither by the load nor by compile's preparation
+    # The checkpoint itself was not unpickled until asked for, and then gave the same model.
+    assert first["reference_read"] and not second["reference_read"]
+    assert second["reference_weights"] == first["reference_weights"]
+    assert second["description"] == first["description"]
     assert second["weights"] == first["weights"]
     assert second["check"] == first["check"]  # the check made with the conversion, kept
     assert len(_kept(tmp_path / "cache")) == 1
@@ -152,6 +160,26 @@ class _WritesMarker:
 
     def __reduce__(self):
         return (open, (str(self.marker), "w"))
+
+
+def test_a_source_record_is_used_only_as_written_and_only_with_its_entry(cache):
+    first = load("template:mp0-small", backend="cueq", device="cpu", seed=0)
+    [record] = sorted((cache / "compile" / "converted").glob("*.source.json"))
+    again = load("template:mp0-small", backend="cueq", device="cpu", seed=0)
+    assert "reference" not in vars(again)  # the template was not built again
+    assert "reused_s" in again.timings and again.description == first.description
+    # The template is built when asked for, with the same weights.
+    for name, tensor in again.reference.state_dict().items():
+        assert torch.equal(tensor, first.reference.state_dict()[name]), name
+    # Edited by someone else: not followed (the template is built and converted again).
+    text = json.loads(record.read_text())
+    record.write_text(json.dumps(text | {"head": "other"}))
+    edited = load("template:mp0-small", backend="cueq", device="cpu", seed=0)
+    assert "reference" in vars(edited) and edited.head == first.head
+    # Its entry gone: the record alone serves nothing.
+    for entry in _kept(cache):
+        entry.unlink()
+    assert converted_cache.read_source(record.name.removesuffix(".source.json")) is None
 
 
 @pytest.mark.parametrize("damage", ["planted", "truncated"])

@@ -141,8 +141,18 @@ class ForceField:
         return self.neighbours.cutoff_edges(state, self.edges)
 
     def stress_at(self, state: State) -> torch.Tensor:
-        """(S, 3, 3) stress of every term on the current lists; for output, outside the step."""
-        stress = self._potential(state, True).stress
+        """(S, 3, 3) stress of every term on the current lists; for output, outside the step.
+
+        When the steps compute no stress, the model runs uncompiled here: through a compiled
+        model the strain would compile a second graph for output alone (11.5 s of Dynamo's
+        tracing in a warm start on the H200 at 13,824 atoms, docs/validation/performance.md).
+        """
+        if self.stress:
+            stress = self._potential(state, True).stress
+        else:
+            stress = self.potential.evaluate_eagerly(
+                state, self.model_edges(state), True, charge=self.charge, spin=self.spin
+            ).stress
         if self.dispersion is not None:
             stress = stress + self.dispersion.d3(state, self.dispersion.edges, True).stress
         return stress

@@ -417,10 +417,15 @@ class Potential(torch.nn.Module):
         edges: Edges,
         compute_stress: bool = False,
         call: Callable[..., dict[str, torch.Tensor]] | None = None,
+        *,
+        charge: PerSystem = None,
+        spin: PerSystem = None,
     ) -> PotentialOutput:
-        """``forward`` of a local model without any compilation, or through ``call`` in place
-        of the model (what dynamics/aot_potential.py traces and checks against)."""
-        return self._evaluate(state, edges, compute_stress, None, None, call)
+        """``forward`` without any compilation (neither torch.compile nor a package compiled
+        ahead of time), or through ``call`` in place of the model (what
+        dynamics/aot_potential.py traces and checks against). For evaluations outside the
+        steps of a compiled run, which would otherwise compile a graph of their own."""
+        return self._evaluate(state, edges, compute_stress, charge, spin, call, compiled=False)
 
     def _evaluate(
         self,
@@ -430,9 +435,13 @@ class Potential(torch.nn.Module):
         charge: PerSystem,
         spin: PerSystem,
         call: Callable[..., dict[str, torch.Tensor]] | None = None,
+        *,
+        compiled: bool = True,
     ) -> PotentialOutput:
-        """forward's work, through ``call``, or else the model (compiled when ``compiled``)."""
-        compiling = self.compiled and not self.ahead_of_time and call is None
+        """forward's work, through ``call``, or else the model (through torch.compile when
+        both ``compiled`` and the potential's ``compiled``)."""
+        compiled = compiled and self.compiled and not self.ahead_of_time
+        compiling = compiled and call is None
         with torch.enable_grad(), _compile_errors_named(compiling):
             if self.long_range:
                 graph = self._long_range_graph(state, edges, compute_stress, charge, spin)
@@ -443,7 +452,8 @@ class Potential(torch.nn.Module):
                 _matmul_precision(self.matmul_precision),
             ):
                 if call is None:
-                    call = self._model_call(edges.mirrored, graph.data["edge_index"].shape[1])
+                    edge_count = graph.data["edge_index"].shape[1]
+                    call = self._model_call(edges.mirrored, edge_count, compiled)
                 output = call(graph.data, training=False, compute_force=False)
             if self.long_range:
                 # The total per system: the node energies leave out the electrostatic and
@@ -477,17 +487,19 @@ class Potential(torch.nn.Module):
             energy=energy.detach(), forces=forces, virial=-energy_strain_derivative, stress=stress
         )
 
-    def _model_call(self, mirrored: bool, edges: int) -> Callable[..., dict[str, torch.Tensor]]:
+    def _model_call(
+        self, mirrored: bool, edges: int, compiled: bool = True
+    ) -> Callable[..., dict[str, torch.Tensor]]:
         """The model for these edges: radial weights once per pair when they are mirrored
         and the model allows it; in chunks when they are more than ``edge_chunk_rows``;
-        through torch.compile when asked."""
+        through torch.compile when ``compiled`` and the potential compiles."""
         shared = mirrored and self.pair_model is not None
         if self.edge_chunk_rows is not None:
             rows = edges // 2 if shared else edges
             if rows > self.edge_chunk_rows:
                 self.chunked_calls += 1
                 return self.chunked_pair_model if shared else self.chunked_model
-        if not self.compiled or self.ahead_of_time:
+        if not (compiled and self.compiled) or self.ahead_of_time:
             return self.pair_model if shared else self.model
         if shared not in self._compiled_calls:
             self._compiled_calls[shared] = _compiled(self.model, share_pair_radials=shared)

@@ -125,8 +125,10 @@ def convert(
             from mace.cli.convert_e3nn_cueq import run
         elif backend == "oeq":
             from mace.cli.convert_e3nn_oeq import run
-        else:
+        elif backend == "hybrid":
             from mace.cli.convert_e3nn_hybrid import run
+        else:  # a name in vocabulary.BACKENDS without its conversion here
+            raise BackendUnavailableError(f"no conversion to the {backend} backend is written")
         converted = run(source, device=device, return_model=True)
     return converted.to(device=device, dtype=dtype).eval()
 

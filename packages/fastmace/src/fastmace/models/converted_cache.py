@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from fastmace.models.backends import ConversionCheck
+from fastmace.models.checkpoint import import_mace
 from fastmace.runtime import vouched
 from fastmace.runtime.atomic import atomic_write
 from fastmace.runtime.cache import cache_dir
@@ -94,6 +95,48 @@ def entry_key(content_hash: str, head: str, backend: str, device: str, dtype: st
 
 def entry_path(key: str) -> Path:
     return cache_dir("compile", "converted") / f"{key}.pt"
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """What a model's source (a checkpoint file's bytes, or a template and its seed) gave the
+    last time it was loaded and converted: the kept entry's key, the model's description and
+    the head chosen. A warm start reads it instead of unpickling the checkpoint."""
+
+    entry_key: str
+    description: dict
+    head: str
+
+
+def source_key(source: str, head: str | None, backend: str, device: str, dtype: str) -> str:
+    """The name of the source record for ``source`` (``file-sha256:...`` or
+    ``template:NAME:SEED``) loaded with the head asked for (None: the model's only one)."""
+    return entry_key(f"source {source}", str(head), backend, device, dtype)
+
+
+def read_source(key: str) -> SourceRecord | None:
+    """The source record under ``key`` when this user wrote it, else None."""
+    data = vouched.read_vouched(_source_path(key))
+    if data is None:
+        return None
+    try:
+        record = SourceRecord(**json.loads(data))
+    except (ValueError, TypeError):
+        return None
+    return record if entry_path(record.entry_key).exists() else None
+
+
+def write_source(key: str, record: SourceRecord) -> None:
+    """Keep ``record`` under ``key`` (nothing when the cache root cannot be written)."""
+    data = json.dumps(asdict(record), sort_keys=True).encode()
+    with contextlib.suppress(OSError):
+        path = _source_path(key)
+        atomic_write(path, lambda stream: stream.write(data))
+        vouched.vouch(path, data)
+
+
+def _source_path(key: str) -> Path:
+    return cache_dir("compile", "converted") / f"{key}.source.json"
 
 
 def read(key: str, device: str) -> KeptConversion | None:
@@ -159,6 +202,7 @@ def _wrappers() -> dict[str, Callable[[torch.nn.Module], torch.nn.Module]]:
 
 def _unpickled(data: bytes, device: str) -> dict:
     """An entry's contents, its module on ``device`` with its wrappers applied again."""
+    import_mace()  # as a checkpoint is read: mace-torch's model code, not its trainer
     kept = torch.load(io.BytesIO(data), map_location=device, weights_only=False)
     module = kept["module"]
     wrappers = _wrappers() if kept.get("wrapped") else {}

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -45,8 +46,8 @@ class LoadedModel:
 
     module: torch.nn.Module
     """The model on its backend, device and dtype."""
-    reference: torch.nn.Module
-    """mace-torch's e3nn model with the same weights, on the CPU, in the checkpoint's dtype."""
+    reference_loader: Callable[[], torch.nn.Module] = field(repr=False, compare=False)
+    """Gives :attr:`reference`; read at first use when the converted model was kept."""
     name: str
     head: str
     head_functional: str | None
@@ -66,6 +67,13 @@ class LoadedModel:
     """Seconds spent in each part of :func:`load`: ``read_s`` (finding, verifying and
     unpickling the checkpoint, or building the template), ``convert_s`` (the backend's copy)
     and ``check_s`` (its comparison with the e3nn model)."""
+
+    @functools.cached_property
+    def reference(self) -> torch.nn.Module:
+        """mace-torch's e3nn model with the same weights, on the CPU, in the checkpoint's
+        dtype. A warm start that read its converted model from the cache root has not
+        unpickled the checkpoint: it is read (and its hash checked) here, at first use."""
+        return self.reference_loader()
 
     def summary(self) -> str:
         """One line for logs and reports."""
@@ -165,12 +173,12 @@ def load(
     checkpoint_entry: Checkpoint | None = None
     file: ModelFile | None = None
     if text.startswith("template:"):
-        reference = template(text.removeprefix("template:"), seed=seed)
+        source = f"{text}:{seed}"
+        read = functools.partial(template, text.removeprefix("template:"), seed=seed)
         name, licence = f"{text} (seed {seed})", "none (random weights)"
         functional = None
     elif _is_url(text):
         file = locate_url(text, sha256, trusted, progress=progress)
-        reference = load_checkpoint(file)
         name, licence, functional = text, "unknown (your file)", None
     elif find_checkpoint(text.partition(":")[0]) is not None:
         checkpoint_entry, table_head = resolve_label(text)
@@ -178,7 +186,6 @@ def load(
             table_head = checkpoint_entry.head(head)
         explicit = Path(checkpoint) if checkpoint is not None else None
         file = locate_label_file(checkpoint_entry, explicit, download, trusted, progress=progress)
-        reference = load_checkpoint(file)
         name, licence = checkpoint_entry.id, licence_name(checkpoint_entry.licence)
         head, functional = table_head.name, table_head.functional
     else:
@@ -186,29 +193,42 @@ def load(
         if not path.exists():
             resolve_label(text)  # raises UnknownLabelError with suggestions
         file = verify(path, sha256, "path", trusted)
-        reference = load_checkpoint(file)
         name, licence, functional = str(path), "unknown (your file)", None
     if file is not None:
+        source, read = f"file-sha256:{file.sha256}", functools.partial(load_checkpoint, file)
+    timings = {"read_s": time.perf_counter() - started}
+    # A warm start: this source was loaded and converted here before, and the conversion kept.
+    kept = _kept_from_source(source, head, chosen, backend, device, want_dtype)
+    if kept is not None:
+        converted, check, description, head = kept
+        timings["reused_s"] = time.perf_counter() - started - timings["read_s"]
+        reference_loader = _checkpoint_reader(file) if file is not None else read
+        reference = None
+    else:
+        reference = read()
+        description = describe(reference)
+        if backend == "auto" and description.model_type in LONG_RANGE_MODEL_TYPES:
+            # Its long-range part is checked against mace-torch on e3nn only
+            # (docs/validation/polar.md); ask for another backend by name to try it.
+            chosen = CPU_BACKEND
+            reason = f"auto: a {description.model_type} runs on e3nn (docs/validation/polar.md)"
+        asked_head, head = head, _resolve_head(head, description)
+        timings["read_s"] = time.perf_counter() - started
+        converted, check = _convert_or_reuse(
+            reference, chosen, device, want_dtype, head, description.content_hash, timings
+        )
+        _remember_source(source, asked_head, chosen, device, want_dtype, description, head)
+        reference_loader = functools.partial(_given, reference)
+    if file is not None:
         file = file.without_content()  # loaded: keep the record, not the bytes
-    description = describe(reference)
-    if backend == "auto" and description.model_type in LONG_RANGE_MODEL_TYPES:
-        # Its long-range part is checked against mace-torch on e3nn only
-        # (docs/validation/polar.md); ask for another backend by name to try it.
-        chosen = CPU_BACKEND
-        reason = f"auto: a {description.model_type} runs on e3nn (docs/validation/polar.md)"
-    head = _resolve_head(head, description)
     origin: dict = {"model": text, "head": head, "seed": seed}
     if file is not None:
         origin.update(checkpoint=str(file.path), sha256=file.sha256, trusted=not file.verified)
         if checkpoint_entry is None:
             origin["model"] = str(file.path)
-    timings = {"read_s": time.perf_counter() - started}
-    converted, check = _convert_or_reuse(
-        reference, chosen, device, want_dtype, head, description.content_hash, timings
-    )
-    return LoadedModel(
+    loaded = LoadedModel(
         module=converted,
-        reference=reference,
+        reference_loader=reference_loader,
         name=name,
         head=head,
         head_functional=functional,
@@ -224,6 +244,80 @@ def load(
         origin=origin,
         timings=timings,
     )
+    if reference is not None:
+        vars(loaded)["reference"] = reference  # read already: the cached property's value
+    return loaded
+
+
+def _given(module: torch.nn.Module) -> torch.nn.Module:
+    return module
+
+
+def _checkpoint_reader(file: ModelFile) -> Callable[[], torch.nn.Module]:
+    """Unpickles ``file`` when called, from its path read again and checked against the hash
+    it had (its bytes are not held meanwhile)."""
+    record = file.without_content()
+
+    def read() -> torch.nn.Module:
+        return load_checkpoint(verify(record.path, record.sha256, record.source))
+
+    return read
+
+
+def _dtype_asked(dtype: torch.dtype | None) -> str:
+    return "checkpoint's" if dtype is None else dtype_name(dtype)
+
+
+def _kept_from_source(
+    source: str,
+    head: str | None,
+    backend: str,
+    asked_backend: str,
+    device: str,
+    dtype: torch.dtype | None,
+) -> tuple[torch.nn.Module, backends.ConversionCheck, ModelDescription, str] | None:
+    """The kept conversion of ``source`` (a checkpoint's bytes, or a template and seed) for
+    this head, backend, device and dtype, with the model's description and head as recorded
+    when it was made; None when there is none (the checkpoint is read and converted)."""
+    if not converted_cache.kept_for(backend, device):
+        return None
+    key = converted_cache.source_key(source, head, backend, device, _dtype_asked(dtype))
+    record = converted_cache.read_source(key)
+    if record is None:
+        return None
+    description = ModelDescription(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in record.description.items()}
+    )
+    if asked_backend == "auto" and description.model_type in LONG_RANGE_MODEL_TYPES:
+        return None  # auto runs such a model on e3nn: read it as a cold start does
+    if device.startswith("cuda"):  # a kept module's first call compiles kernels too
+        backends.keep_cueq_kernels()
+    kept = converted_cache.read(record.entry_key, device)
+    if kept is None:
+        return None
+    return kept.module, kept.check, description, record.head
+
+
+def _remember_source(
+    source: str,
+    head: str | None,
+    backend: str,
+    device: str,
+    dtype: torch.dtype | None,
+    description: ModelDescription,
+    resolved_head: str,
+) -> None:
+    """Record which kept conversion ``source`` gave, so a warm start need not read it."""
+    if not converted_cache.kept_for(backend, device):
+        return
+    dtype_text = dtype_name(dtype) if dtype is not None else description.dtype
+    entry = converted_cache.entry_key(
+        description.content_hash, resolved_head, backend, device, dtype_text
+    )
+    if converted_cache.entry_path(entry).exists():
+        record = converted_cache.SourceRecord(entry, asdict(description), resolved_head)
+        key = converted_cache.source_key(source, head, backend, device, _dtype_asked(dtype))
+        converted_cache.write_source(key, record)
 
 
 def _resolve_head(head: str | None, description: ModelDescription) -> str:
