@@ -52,6 +52,14 @@ FUSED = "fused"  # conv(x, Y, w, edge_index) sums itself; w needs one row per ed
 INDEXED = "indexed"  # cuEquivariance's fused convolution: w indexed per edge (row e mod rows)
 OWN = "own"  # FastMACE's own convolution: reads row e mod rows by itself
 
+# Chunks start at multiples of this many rows. A CPU's BLAS multiplies blocks of rows (of 4,
+# 6, 8, 16... by kernel); a chunk starting inside a block puts its first rows in another
+# kernel than the whole evaluation did, which changes their last bits (on an AMD EPYC,
+# 2026-12-04, the demo model on 2,034 edges: chunks starting at multiples of 8 rows gave the
+# whole evaluation's bits, every other chunking tried differed in the last bit). 192 is a
+# multiple of every such block height.
+ROW_ALIGNMENT = 192
+
 
 class EdgeFeaturesThrough(torch.nn.Module):
     """Stands in for a chunked block's radial function: the block hands the radial features
@@ -99,10 +107,14 @@ class ChunkedConvolution(torch.nn.Module):
     def chunks(self, edges: int) -> Iterator[tuple[int, int]]:
         """The row ranges [start, stop) that make up ``edges`` edges: as few as
         ``chunk_rows`` allows, of (nearly) equal size, so that no small last chunk costs a
-        launch of every kernel for little work."""
+        launch of every kernel for little work, and starting at multiples of
+        ``ROW_ALIGNMENT`` rows where ``chunk_rows`` leaves room for it."""
         rows = edges // 2 if self.pairs else edges
         count = -(-rows // self.chunk_rows)
         size = -(-rows // max(count, 1))
+        aligned = -(-size // ROW_ALIGNMENT) * ROW_ALIGNMENT
+        if aligned <= self.chunk_rows:
+            size = aligned
         for start in range(0, rows, size):
             yield start, min(start + size, rows)
 
