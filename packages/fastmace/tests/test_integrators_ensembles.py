@@ -149,3 +149,33 @@ def test_every_ensemble_of_the_vocabulary_has_one_integrator():
     from fastmace.vocabulary import ENSEMBLES
 
     assert tuple(ensembles._TABLE) == ENSEMBLES
+
+
+def test_the_lists_kept_beside_the_vocabulary_name_only_its_ensembles_and_settings():
+    """preflight's bounds, the schedulable and rescaling ensembles, the run config's
+    per-system keys and each integrator's init all follow vocabulary.ENSEMBLE_TAKES: a
+    setting or ensemble added there and forgotten here fails this test, not a user's run."""
+    import inspect
+
+    from fastmace.cli.md import PER_SYSTEM_KEYS
+    from fastmace.dynamics import ensembles
+    from fastmace.preflight.ensemble import BOUNDS, RESCALING, STRICTER, check_settings
+    from fastmace.protocol import SCHEDULED_ENSEMBLES
+    from fastmace.vocabulary import ENSEMBLE_DEFAULTS, ENSEMBLE_SETTINGS, ENSEMBLE_TAKES
+
+    assert set(RESCALING) <= set(ENSEMBLE_TAKES)
+    assert set(SCHEDULED_ENSEMBLES) <= set(ENSEMBLE_TAKES)
+    assert all(setting in ENSEMBLE_TAKES[name] for name, setting in STRICTER)
+    assert set(PER_SYSTEM_KEYS) <= set(ENSEMBLE_SETTINGS) | {"charge", "spin"}
+    assert set(BOUNDS) <= set(ENSEMBLE_SETTINGS) | {"initial_temperature_K"}
+    for name, takes in ENSEMBLE_TAKES.items():
+        init = inspect.signature(ensembles._TABLE[name][0]).parameters
+        assert set(takes) <= set(init), name  # given to the init by name (Ensemble.init)
+        # Preflight checks every setting: numbers against BOUNDS, these two by name.
+        assert set(takes) <= set(BOUNDS) | {"chain_length", "cell_mode"}, name
+        # And passes each at a sensible value.
+        values = {"temperature_K": 300.0, "pressure_GPa": 0.0} | {
+            setting: ENSEMBLE_DEFAULTS[setting] for setting in takes if setting in ENSEMBLE_DEFAULTS
+        }
+        settings = {setting: values[setting] for setting in takes if setting in values}
+        assert check_settings(name, settings, timestep_fs=1.0) == name
