@@ -13,8 +13,9 @@ from fastmace.io import choose_format, read_trajectory
 from fastmace.io.extxyz import ExtxyzWriter, truncate_extxyz
 from fastmace.io.frames import make_frame
 from fastmace.io.h5md import KJ_PER_MOL, H5MDWriter, truncate_h5md
+from fastmace.io.trajectory import FILE_NAMES
 
-FORMATS = ("extxyz", "h5md")
+FORMATS = tuple(FILE_NAMES)  # every format that writes a file
 # extxyz keeps 8 decimals (ASE's writer); H5MD keeps full doubles.
 TOLERANCE = {"extxyz": 1e-7, "h5md": 1e-12}
 
@@ -261,3 +262,11 @@ def test_h5md_of_an_earlier_version_is_still_read(tmp_path):
         check_same(atoms, frame.atoms[0], 1e-12)
         assert atoms.get_potential_energy() == pytest.approx(frame.energies[0], abs=1e-12)
         np.testing.assert_allclose(atoms.get_forces(), frame.forces[0], atol=1e-12)
+
+
+def test_every_format_says_its_file_and_what_it_counts():
+    from fastmace.io import trajectory
+
+    written = set(trajectory.FORMATS) - {"auto", "none"}
+    assert set(trajectory.FILE_NAMES) == written == set(trajectory.BY_TEMPERATURE_FILE_NAMES)
+    assert set(trajectory.FRAMES_PER_STEP_PER_SYSTEM) == written

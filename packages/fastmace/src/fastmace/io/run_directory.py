@@ -263,12 +263,13 @@ class RunDirectory:
         run would continue after a silent gap of steps."""
         schedule = OutputSchedule.from_dict(settings["schedule"])
         n_systems = int(settings["n_systems"])
-        # (interval, entries per output step): thermo.csv and extxyz hold one per system;
-        # h5md's count is one system's frames.
+        # (interval, entries per output step): thermo.csv holds a row per system, and each
+        # trajectory format says what it counts.
         intervals = {self.thermo_path: (schedule.thermo_every, n_systems)}
         trajectory_format = settings["trajectory_format"]
         if trajectory_format != "none":
-            per_step = n_systems if trajectory_format == "extxyz" else 1
+            per_system = trajectory.FRAMES_PER_STEP_PER_SYSTEM[trajectory_format]
+            per_step = n_systems if per_system else 1
             intervals[self.trajectory_path(trajectory_format)] = (
                 schedule.trajectory_every,
                 per_step,

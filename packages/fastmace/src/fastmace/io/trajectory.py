@@ -18,6 +18,9 @@ FORMATS = ("auto", "extxyz", "h5md", "none")
 EXTXYZ_LIMIT = 1_000_000  # atom-frames; about 80 MB of extxyz text
 UNKNOWN_FRAMES = 1_000  # what "auto" assumes when the run's length is not known
 FILE_NAMES = {"extxyz": "trajectory.extxyz", "h5md": "trajectory.h5md"}
+# What one output step adds to a format's count of kept entries (truncate_trajectory's
+# return): extxyz writes a frame per system, H5MD one frame holding every system.
+FRAMES_PER_STEP_PER_SYSTEM = {"extxyz": True, "h5md": False}
 # A replica-exchange run's frames again, demultiplexed: system r is the walker at rung r.
 BY_TEMPERATURE_FILE_NAMES = {
     "extxyz": "trajectory-by-temperature.extxyz", "h5md": "trajectory-by-temperature.h5md",
