@@ -256,12 +256,11 @@ def _given(module: torch.nn.Module) -> torch.nn.Module:
 def _checkpoint_reader(file: ModelFile) -> Callable[[], torch.nn.Module]:
     """Unpickles ``file`` when called, from its path read again and checked against the hash
     it had (its bytes are not held meanwhile)."""
-    record = file.without_content()
+    return functools.partial(_read_again, file.without_content())
 
-    def read() -> torch.nn.Module:
-        return load_checkpoint(verify(record.path, record.sha256, record.source))
 
-    return read
+def _read_again(record: ModelFile) -> torch.nn.Module:
+    return load_checkpoint(verify(record.path, record.sha256, record.source))
 
 
 def _dtype_asked(dtype: torch.dtype | None) -> str:
