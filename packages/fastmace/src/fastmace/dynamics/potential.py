@@ -257,8 +257,9 @@ class Potential(torch.nn.Module):
         self._compiled_calls: dict[bool, Callable[..., dict[str, torch.Tensor]]] = {}
         # Models on cuEquivariance or OpenEquivariance kernels compile ahead of time on the
         # CPU: whole evaluations kept in the cache root (dynamics/aot_potential.py). Not yet on
-        # CUDA: torch 2.11's AOTInductor loader crashed on the package there (H200, measured
-        # in docs/validation/performance.md); torch.compile serves CUDA, and e3nn models.
+        # CUDA: there a package (linked to the shared libstdc++, its loader no longer crashes)
+        # took 33 s to load on the H200, longer than a warm torch.compile
+        # (docs/validation/performance.md); torch.compile serves CUDA, and e3nn models.
         self.ahead_of_time = (
             self.compiled
             and not self.long_range
