@@ -67,9 +67,10 @@ def tests(session: nox.Session) -> None:
     # pytest exits 5 when it collects nothing; nox treats that as a failure, as it should.
     # One worker per core, each file on one worker (module fixtures load once), one thread
     # each: 16.5 min on 2 cores against 27 one after another (2026-12-03).
+    # --durations: CI's log names the slowest tests, where its 30 minutes go.
     session.run(
-        "pytest", "-m", "not gpu", "-n", "auto", "--dist", "loadfile", *session.posargs,
-        env={"OMP_NUM_THREADS": "1"},
+        "pytest", "-m", "not gpu", "-n", "auto", "--dist", "loadfile", "--durations=25",
+        *session.posargs, env={"OMP_NUM_THREADS": "1"},
     )  # fmt: skip
 
 
