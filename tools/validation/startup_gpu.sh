@@ -92,6 +92,22 @@ polar_tests() {  # MACE-POLAR-1's GPU tests (the engine on CUDA against mace-tor
   echo "polar gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_polar.txt"))"
 }
 
+gpu_tests() {  # gpu_tests STAGE TIMEOUT PYTEST-ARGS...: the GPU tests named, into gpu_tests_STAGE.txt
+  local stage=$1 limit=$2
+  shift 2
+  timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" \
+    > "$OUT/gpu_tests_$stage.txt" 2>&1
+  echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_$stage.txt"))"
+  grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_$stage.txt" | head
+}
+
+compiled_startup() {  # compiled_startup TIMEOUT RUN-TIMEOUT: fastmace md --compile at 13,824 atoms
+  timeout "$1" python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s "$2" \
+    --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824 (compiled): exit $?"
+  grep -h "start-up" "$OUT"/startup-13824/*.log
+}
+
 before_after() {  # md_speed.py on .baseline's source, then on this checkout: the same CASES
   TEST_TIMEOUT_S=$1 BEFORE_BUDGET_S=110 AFTER_BUDGET_S=$2 OUT="$OUT" \
     bash tools/validation/perf_gpu.sh .baseline "$3" "$3"
@@ -814,15 +830,9 @@ PY
   # Stage 59's kept conversion failed on CUDA (a coefficient on the CPU after unpickling), so
   # conversions are kept for CPU runs only. The engine's GPU tests again (stage 58's second
   # test loaded the kept conversion), then start-up at 13,824 atoms, compiled, cold and warm.
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_engine_gpu.py" \
-    -k "failed_capture or would_not_fit" > "$OUT/gpu_tests_60.txt" 2>&1
-  echo "engine gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_60.txt"))"
-  grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_60.txt" | head
+  gpu_tests 60 200 "$tests/test_engine_gpu.py" -k "failed_capture or would_not_fit"
   export FASTMACE_CACHE=/tmp/fastmace-cache-60
-  timeout 300 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 140 \
-    --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
-  echo "start-up 13824 (compiled): exit $?"
-  grep -h "start-up" "$OUT"/startup-13824/*.log
+  compiled_startup 300 140
   python3 -c "import json; [print(r) for r in json.load(open('$OUT/startup-13824/startup_time.json'))['runs']]"
   ;;
 61)
@@ -831,16 +841,10 @@ PY
   # conversion's, the engine's of stage 60), start-up at 13,824 atoms compiled, cold and warm,
   # a third warm run under TORCH_TRACE (where the compilation's warm seconds go), then the
   # uncompiled plan of a 200-step run, cold and warm.
-  timeout 220 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_converted_cache.py" \
-    "$tests/test_engine_gpu.py" -k "kept_conversion or failed_capture or would_not_fit" \
-    > "$OUT/gpu_tests_61.txt" 2>&1
-  echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_61.txt"))"
-  grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_61.txt" | head
+  gpu_tests 61 220 "$tests/test_converted_cache.py" "$tests/test_engine_gpu.py" \
+    -k "kept_conversion or failed_capture or would_not_fit"
   export FASTMACE_CACHE=/tmp/fastmace-cache-61
-  timeout 230 python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s 110 \
-    --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
-  echo "start-up 13824 (compiled): exit $?"
-  grep -h "start-up" "$OUT"/startup-13824/*.log
+  compiled_startup 230 110
   structure=$(ls "$OUT"/startup-13824/nacl-13824.extxyz)
   TORCH_TRACE=/tmp/trace-61 timeout 90 python3 -m fastmace md "$structure" \
     --model template:mp0-medium --dtype float32 --backend cueq --steps 200 --traj-every 0 \
@@ -888,10 +892,7 @@ PY
   # -l:libstdc++.so.6 loaded and ran (3.2e-9 eV/A from eager), but its load took 33.9 s.
   # The kept conversion's GPU test and a warm start; then a package built and loaded twice
   # (the second load after CUDA's JIT cache has the kernels, if that is the time).
-  timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_converted_cache.py" \
-    > "$OUT/gpu_tests_63.txt" 2>&1
-  echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_63.txt"))"
-  grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_63.txt" | head -5
+  gpu_tests 63 100 "$tests/test_converted_cache.py"
   export FASTMACE_CACHE=/tmp/fastmace-cache-63
   timeout 130 python3 benchmarks/startup_time.py --atoms 13824 --steps 100 --timeout-s 60 \
     --out "$OUT/startup-13824-default" > "$OUT/startup-13824-default.log" 2>&1
@@ -910,17 +911,10 @@ PY
   # The compiled path's start-up with the conversion kept on CUDA (stage 63) and the thermo
   # stress evaluated uncompiled (no second graph after the first step), under TORCH_TRACE for
   # the warm run; then where AOTInductor's 33 s load goes (Python's stack every 5 s).
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_converted_cache.py" \
-    "$tests/test_engine_gpu.py" -k "kept_conversion or failed_capture or would_not_fit" \
-    > "$OUT/gpu_tests_64.txt" 2>&1
-  echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_64.txt"))"
-  grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_64.txt" | head -5
+  gpu_tests 64 150 "$tests/test_converted_cache.py" "$tests/test_engine_gpu.py" \
+    -k "kept_conversion or failed_capture or would_not_fit"
   export FASTMACE_CACHE=/tmp/fastmace-cache-64
-  TORCH_TRACE=/tmp/trace-64 timeout 230 python3 benchmarks/startup_time.py --atoms 13824 \
-    --steps 200 --timeout-s 110 --out "$OUT/startup-13824" --extra=--compile \
-    > "$OUT/startup-13824.log" 2>&1
-  echo "start-up 13824 (compiled): exit $?"
-  grep -h "start-up" "$OUT"/startup-13824/*.log
+  TORCH_TRACE=/tmp/trace-64 compiled_startup 230 110
   python3 tools/validation/compile_metrics.py /tmp/trace-64 > "$OUT/compile-metrics.jsonl"
   cut -c1-400 "$OUT/compile-metrics.jsonl"
   export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-64 AOT_PROBE_TEMPLATE=mp0-small

@@ -147,19 +147,16 @@ class ForceField:
         model the strain would compile a second graph for output alone (11.5 s of Dynamo's
         tracing in a warm start on the H200 at 13,824 atoms, docs/validation/performance.md).
         """
-        if self.stress:
-            stress = self._potential(state, True).stress
-        else:
-            stress = self.potential.evaluate_eagerly(
-                state, self.model_edges(state), True, charge=self.charge, spin=self.spin
-            ).stress
+        stress = self._potential(state, True, eagerly=not self.stress).stress
         if self.dispersion is not None:
             stress = stress + self.dispersion.d3(state, self.dispersion.edges, True).stress
         return stress
 
-    def _potential(self, state: State, stress: bool) -> PotentialOutput:
-        """The model on the current list's pairs within its cutoff, for the systems' charges."""
-        return self.potential(
+    def _potential(self, state: State, stress: bool, eagerly: bool = False) -> PotentialOutput:
+        """The model on the current list's pairs within its cutoff, for the systems' charges
+        (``eagerly``: without any compilation)."""
+        evaluate = self.potential.evaluate_eagerly if eagerly else self.potential
+        return evaluate(
             state, self.model_edges(state), compute_stress=stress, charge=self.charge,
             spin=self.spin,
         )  # fmt: skip

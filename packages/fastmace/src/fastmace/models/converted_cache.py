@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from fastmace.models.backends import ConversionCheck
+from fastmace.models.backends import ConversionCheck, keep_cueq_kernels
 from fastmace.models.checkpoint import import_mace
 from fastmace.runtime import vouched
 from fastmace.runtime.atomic import atomic_write
@@ -146,6 +146,8 @@ def read(key: str, device: str) -> KeptConversion | None:
     data = vouched.read_vouched(path)
     if data is None:
         return None
+    if device.startswith("cuda"):  # the module's first call compiles kernels, as a new one's
+        keep_cueq_kernels()
     try:
         kept = _unpickled(data, device)
         module, check = kept["module"], ConversionCheck(**kept["check"])

@@ -214,10 +214,15 @@ def load(
             reason = f"auto: a {description.model_type} runs on e3nn (docs/validation/polar.md)"
         asked_head, head = head, _resolve_head(head, description)
         timings["read_s"] = time.perf_counter() - started
-        converted, check = _convert_or_reuse(
+        converted, check, entry = _convert_or_reuse(
             reference, chosen, device, want_dtype, head, description.content_hash, timings
         )
-        _remember_source(source, asked_head, chosen, device, want_dtype, description, head)
+        if entry is not None:  # so that a warm start need not read the source
+            record = converted_cache.SourceRecord(entry, asdict(description), head)
+            key = converted_cache.source_key(
+                source, asked_head, chosen, device, _dtype_asked(want_dtype)
+            )
+            converted_cache.write_source(key, record)
         reference_loader = functools.partial(_given, reference)
     if file is not None:
         file = file.without_content()  # loaded: keep the record, not the bytes
@@ -289,34 +294,10 @@ def _kept_from_source(
     )
     if asked_backend == "auto" and description.model_type in LONG_RANGE_MODEL_TYPES:
         return None  # auto runs such a model on e3nn: read it as a cold start does
-    if device.startswith("cuda"):  # a kept module's first call compiles kernels too
-        backends.keep_cueq_kernels()
     kept = converted_cache.read(record.entry_key, device)
     if kept is None:
         return None
     return kept.module, kept.check, description, record.head
-
-
-def _remember_source(
-    source: str,
-    head: str | None,
-    backend: str,
-    device: str,
-    dtype: torch.dtype | None,
-    description: ModelDescription,
-    resolved_head: str,
-) -> None:
-    """Record which kept conversion ``source`` gave, so a warm start need not read it."""
-    if not converted_cache.kept_for(backend, device):
-        return
-    dtype_text = dtype_name(dtype) if dtype is not None else description.dtype
-    entry = converted_cache.entry_key(
-        description.content_hash, resolved_head, backend, device, dtype_text
-    )
-    if converted_cache.entry_path(entry).exists():
-        record = converted_cache.SourceRecord(entry, asdict(description), resolved_head)
-        key = converted_cache.source_key(source, head, backend, device, _dtype_asked(dtype))
-        converted_cache.write_source(key, record)
 
 
 def _resolve_head(head: str | None, description: ModelDescription) -> str:
@@ -342,25 +323,24 @@ def _convert_or_reuse(
     head: str,
     content_hash: str,
     timings: dict[str, float],
-) -> tuple[torch.nn.Module, backends.ConversionCheck | None]:
+) -> tuple[torch.nn.Module, backends.ConversionCheck | None, str | None]:
     """``reference`` on ``backend``: from the cache root when this user converted and checked
     the same weights there before (models/converted_cache.py), else converted, checked and kept.
-    ``timings`` gains convert_s and check_s, or reused_s when the kept one was read."""
+    ``timings`` gains convert_s and check_s, or reused_s when the kept one was read. The last
+    item is the kept entry's key (None when nothing is kept)."""
     if not converted_cache.kept_for(backend, device):
-        return _convert(reference, backend, device, dtype, head, timings)
+        return *_convert(reference, backend, device, dtype, head, timings), None
     started = time.perf_counter()
-    if device.startswith("cuda"):  # a kept module's first call compiles kernels too
-        backends.keep_cueq_kernels()
     dtype_text = dtype_name(dtype if dtype is not None else model_dtype(reference))
     key = converted_cache.entry_key(content_hash, head, backend, device, dtype_text)
     kept = converted_cache.read(key, device)
     if kept is not None:
         timings["reused_s"] = time.perf_counter() - started
-        return kept.module, kept.check
+        return kept.module, kept.check, key
     converted, check = _convert(reference, backend, device, dtype, head, timings)
-    if check is not None:  # a conversion that failed its check has raised
-        converted_cache.write(key, converted, check)
-    return converted, check
+    # A conversion that failed its check has raised.
+    written = check is not None and converted_cache.write(key, converted, check) is not None
+    return converted, check, key if written else None
 
 
 def _convert(
