@@ -917,6 +917,17 @@ PY
   TORCH_TRACE=/tmp/trace-64 compiled_startup 230 110
   python3 tools/validation/compile_metrics.py /tmp/trace-64 > "$OUT/compile-metrics.jsonl"
   cut -c1-400 "$OUT/compile-metrics.jsonl"
+  # Dynamo's guard-serialising cache refused e3nn's TorchScript before the conversion was kept;
+  # which object does it refuse now (twice: the second run would load what the first saved)?
+  structure=$(ls "$OUT"/startup-13824/nacl-13824.extxyz)
+  for run in save load; do
+    TORCH_CACHING_PRECOMPILE=1 timeout 100 python3 -m fastmace md "$structure" \
+      --model template:mp0-medium --dtype float32 --backend cueq --steps 100 --traj-every 0 \
+      --temperature 300 --compile --output "/tmp/run-64-precompile-$run" \
+      > "$OUT/precompile-$run.log" 2>&1
+    echo "precompile cache ($run): exit $?"
+    grep -hE "start-up|rror|cannot be saved|local scope" "$OUT/precompile-$run.log" | cut -c1-400 | head -6
+  done
   export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-64 AOT_PROBE_TEMPLATE=mp0-small
   timeout 150 python3 tools/validation/aot_probe2.py aoti-build /tmp/p.pt2 2>&1 \
     | grep -E "at |rror" | tail -3
