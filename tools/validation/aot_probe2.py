@@ -4,6 +4,11 @@
     python3 tools/validation/aot_probe2.py aoti-build PATH [separate-weights]
         (AOT_PROBE_LIBS=":libstdc++.so.6" links those libraries too)
     python3 tools/validation/aot_probe2.py aoti-load PATH      # in a fresh process
+    python3 tools/validation/aot_probe2.py compare             # package against torch.compile
+
+`compare` builds one Potential evaluated through a package compiled ahead of time (built, or
+loaded from the cache root on a second run) and one through torch.compile, and times each
+one's first call and 20 more (AOT_PROBE_REPEAT NaCl cells a side, default 3).
 
 Each prints its phases' seconds and the largest force difference from the eager evaluation.
 """
@@ -26,12 +31,13 @@ from fastmace.models.backends import convert
 from fastmace.models.templates import template
 
 
-def setup():
+def setup(compiled: bool = False):
     name = os.environ.get("AOT_PROBE_TEMPLATE", "mp0-medium")
     model = convert(template(name, dtype=torch.float32), "cueq", "cuda")
-    atoms = ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat((3, 3, 3))
+    repeat = int(os.environ.get("AOT_PROBE_REPEAT", "3"))
+    atoms = ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat((repeat,) * 3)
     atoms.rattle(0.02, seed=1)
-    potential = Potential(model, [11, 17], radial_table=True)
+    potential = Potential(model, [11, 17], radial_table=True, compile=compiled)
     state = State.from_atoms(atoms, device="cuda")
     neighbours = NeighbourList(state, potential.r_max)
     return potential, state, neighbours.cutoff_edges(state, neighbours.build(state))
@@ -44,15 +50,47 @@ def report(potential, state, edges, outputs, started) -> None:
     print(f"called at {time.perf_counter() - started:.1f} s; forces differ by {difference:.3g}")
 
 
+def timed(label: str, potential, state, edges, calls: int = 20) -> torch.Tensor:
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    forces = potential(state, edges).forces
+    torch.cuda.synchronize()
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in range(calls):
+        potential(state, edges)
+    torch.cuda.synchronize()
+    each = (time.perf_counter() - started) / calls * 1e3
+    print(f"{label}: first call {first:.1f} s, then {each:.2f} ms per call", flush=True)
+    return forces
+
+
+def compare() -> int:
+    potential, state, edges = setup(compiled=True)
+    print(f"{state.n_atoms} atoms, {int(edges.capacity)} edge slots", flush=True)
+    potential.ahead_of_time = True  # what the CPU does; CUDA's rule is what this measures
+    ahead = timed("ahead of time", potential, state, edges)
+    print(f"  {potential.aot_reports}", flush=True)
+    potential.ahead_of_time = False
+    compiled = timed("torch.compile", potential, state, edges)
+    eager = potential.evaluate_eagerly(state, edges).forces
+    for label, forces in (("ahead of time", ahead), ("torch.compile", compiled)):
+        print(f"{label}: forces {float((forces - eager).abs().max()):.3g} eV/A from eager")
+    return 0
+
+
 def main() -> int:
     faulthandler.enable()
     mode = sys.argv[1]
+    if mode == "compare":
+        return compare()
     potential, state, edges = setup()
     started = time.perf_counter()
     if mode == "aoti-load":
         # The load took 33 s on the H200 (stage 63): Python's stack every 5 s says where.
         faulthandler.dump_traceback_later(5, repeat=True)
-        runner = torch._inductor.aoti_load_package(sys.argv[2], run_single_threaded=True)
+        with open(sys.argv[2], "rb") as package:
+            runner = aot._load(package.read())
         faulthandler.cancel_dump_traceback_later()
         print(f"loaded at {time.perf_counter() - started:.1f} s", flush=True)
         report(potential, state, edges, runner(*aot._inputs(state, edges)), started)

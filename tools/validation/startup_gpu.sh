@@ -63,6 +63,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 62  # AOTInductor's wrapper: how libstdc++ is linked
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 63  # kept conversions in float32; AOTI loaded twice
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 64  # compiled start-up, conversion kept; AOTI's load
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 65  # AOTI without the ISA probes, against torch.compile
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -934,6 +935,22 @@ PY
   timeout 80 python3 tools/validation/aot_probe2.py aoti-load /tmp/p.pt2 > "$OUT/aoti_load.txt" 2>&1
   echo "load: exit $?"
   grep -E "loaded at|called at|Error|^  File" "$OUT/aoti_load.txt" | head -60
+  ;;
+65)
+  # Stage 64: AOTInductor's 34 s load was torch.compile's CPU check (cpu_vec_isa: a probe
+  # compiled and loaded in a fresh Python per instruction set), now skipped for the load
+  # (aot_potential._load). Its archive was lost, so the compiled start-up again, with the
+  # steps' lines (a run stalled between steps 40 and 60); then 13,824 atoms through a package
+  # and through torch.compile in one process, twice (built, then loaded).
+  FASTMACE_CACHE=/tmp/fastmace-cache-65a compiled_startup 200 95
+  grep -hE "^step|^done" "$OUT"/startup-13824/warm.log | head -12
+  export FASTMACE_CACHE=/tmp/fastmace-cache-65b AOT_PROBE_REPEAT=12
+  for run in built loaded; do
+    limit=250; [ "$run" = loaded ] && limit=110
+    timeout $limit python3 tools/validation/aot_probe2.py compare > "$OUT/compare-$run.txt" 2>&1
+    echo "compare ($run): exit $?"
+    grep -E "atoms|first call|from eager|Aot|rror" "$OUT/compare-$run.txt" | cut -c1-300 | head -12
+  done
   ;;
 43)
   # The default path's speed with the package of stage 42 (same cache: loaded, not built),
