@@ -625,7 +625,7 @@ def _matmul_precision(precision: str) -> Iterator[None]:
 
 
 def _compiled(
-    model: torch.nn.Module, *, share_pair_radials: bool = False
+    model: torch.nn.Module, *, share_pair_radials: bool = False, backend: str = "inductor"
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """A copy of ``model`` made traceable, under torch.compile; the caller's model is untouched.
 
@@ -641,11 +641,28 @@ def _compiled(
     first compilation.
 
     Compilation happens at the first call (forward) and the first backward pass: both run
-    inside :func:`_compile_settings`.
+    inside :func:`_compile_settings`. ``backend`` is torch.compile's (tests use "eager":
+    Dynamo's tracing and guards without Inductor's code generation).
     """
-    from mace.tools.compile import disable_e3nn_codegen, simplify
-
     from fastmace.runtime import cache, environment
+
+    traceable = _traceable(model, share_pair_radials)
+    environment.configure_compile_caches(cache.cache_root().path)
+    compiled = torch.compile(traceable, backend=backend)
+
+    def call(data: dict[str, torch.Tensor], **kwargs: object) -> dict[str, torch.Tensor]:
+        # A regrown list changes only the number of edges: compiled with that size symbolic,
+        # the model is compiled once per run, not once per capacity (a minute each on a GPU).
+        for key, dimension in EDGE_DIMENSIONS:
+            torch._dynamo.maybe_mark_dynamic(data[key], dimension)
+        return compiled(data, **kwargs)
+
+    return call
+
+
+def _traceable(model: torch.nn.Module, share_pair_radials: bool) -> torch.nn.Module:
+    """The copy of ``model`` that torch.compile traces (see :func:`_compiled`)."""
+    from mace.tools.compile import disable_e3nn_codegen, simplify
 
     accelerated = _has_accelerated_kernels(model)
     if not accelerated and any(isinstance(module, RadialTable) for module in model.modules()):
@@ -655,7 +672,6 @@ def _compiled(
             "tables: run the e3nn backend with radial_table or compile, not both (both run "
             "together on the cueq, oeq and hybrid backends)"
         )
-    environment.configure_compile_caches(cache.cache_root().path)
     with disable_e3nn_codegen():
         if accelerated:
             traceable = weight_sharing_copy(model)
@@ -679,20 +695,29 @@ def _compiled(
                 )
         if share_pair_radials:
             traceable = pair_shared_model(traceable)
+        _register_as_when_built(traceable)
         traceable = simplify(traceable)
     # Weights are constants of the compiled graph: AOTAutograd's backward then computes only
     # the gradients the forces need.
     traceable.requires_grad_(False)
-    compiled = torch.compile(traceable)
+    return traceable
 
-    def call(data: dict[str, torch.Tensor], **kwargs: object) -> dict[str, torch.Tensor]:
-        # A regrown list changes only the number of edges: compiled with that size symbolic,
-        # the model is compiled once per run, not once per capacity (a minute each on a GPU).
-        for key, dimension in EDGE_DIMENSIONS:
-            torch._dynamo.maybe_mark_dynamic(data[key], dimension)
-        return compiled(data, **kwargs)
 
-    return call
+def _register_as_when_built(model: torch.nn.Module) -> None:
+    """Register for ``simplify`` what mace-torch registers when it builds these blocks.
+
+    mace-torch registers e3nn's ``Activation`` for symbolic simplification when it builds a
+    non-linear readout (``simplify_if_compile`` in its blocks' ``__init__``), not at import. A
+    model that was unpickled in this process (a kept conversion, a checkpoint) was never built
+    here, so its activations were left for Dynamo to trace, which then failed creating a guard
+    on e3nn's ``Irrep`` (its ``__len__`` raises): the warm compiled start of stage 65 on the
+    H200. This does what building the model would have done, and nothing more.
+    """
+    from e3nn import nn as e3nn_nn
+    from mace.tools.compile import simplify_if_compile
+
+    if any(type(module) is e3nn_nn.Activation for module in model.modules()):
+        simplify_if_compile(e3nn_nn.Activation)
 
 
 @contextlib.contextmanager
