@@ -24,7 +24,6 @@ import dataclasses
 import functools
 import hashlib
 import importlib.metadata
-import io
 import json
 import os
 import platform
@@ -352,16 +351,24 @@ def _one_slot_more(edges: Edges) -> Edges:
 
 
 def _load(data: bytes) -> Callable[..., object]:
-    from torch._inductor import config as inductor_config
+    """The package's runner, from the bytes that were checked (never again from the path,
+    which could be swapped since).
 
-    # The loader asks which vector instructions the CPU has, only to compare the answer with
-    # the build's and warn. Torch finds out by compiling a probe per instruction set and
-    # loading each in a fresh Python that imports torch: 33 s of a 34 s load on the H200's
-    # host (stage 64). The CPU's own flags answer that comparison (vec_isa_ok=True skips
-    # the probes), for this load only.
-    with inductor_config.patch({"cpp.vec_isa_ok": True}):
-        # From the bytes that were checked, never again from the path (which could be swapped).
-        return torch._inductor.aoti_load_package(io.BytesIO(data), run_single_threaded=True)
+    Made as ``torch._inductor.package.load_package`` makes it for a package without an archive
+    index: ``aoti_load_package`` would then ask which vector instructions the CPU has, only to
+    warn if they differ from the build's, and torch finds out by compiling a probe per
+    instruction set and loading each in a fresh Python: 33 of a 34 s load on the H200's host
+    (stage 64 of tools/validation/startup_gpu.sh). The cache key names the CPU's capability
+    instead (``_device_description``), so a package is never served to another kind of CPU.
+    """
+    from torch._inductor.package.package import AOTICompiledModel
+
+    with tempfile.TemporaryDirectory(prefix="fastmace-aot-") as scratch:
+        path = Path(scratch) / "model.pt2"
+        path.write_bytes(data)
+        # The loader unpacks the archive into a directory of its own: the file can go.
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, -1)
+    return AOTICompiledModel(loader)
 
 
 @contextlib.contextmanager
@@ -436,10 +443,13 @@ def _structure_digest(module: torch.nn.Module) -> str:
 
 
 def _device_description(device: torch.device) -> str:
+    # The host code of every package is built for this CPU's vector instructions (ATen's
+    # capability, as Inductor reads it): a cache root shared by different nodes keeps apart.
+    cpu = f"{platform.machine()}:{torch.backends.cpu.get_cpu_capability()}"
     if device.type != "cuda":
-        return f"{device.type}:{platform.machine()}"
+        return f"{device.type}:{cpu}"
     properties = torch.cuda.get_device_properties(device)
-    return f"cuda:{properties.name}:sm_{properties.major}{properties.minor}"
+    return f"cuda:{properties.name}:sm_{properties.major}{properties.minor}:{cpu}"
 
 
 def _library_versions() -> dict[str, str]:
