@@ -64,6 +64,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 63  # kept conversions in float32; AOTI loaded twice
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 64  # compiled start-up, conversion kept; AOTI's load
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 65  # AOTI without the ISA probes, against torch.compile
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 66  # compiled warm start fixed; AOTI's loader direct
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -966,6 +967,22 @@ PY
     "$tests/test_engine_gpu.py" > "$OUT/gpu_tests_43.txt" 2>&1
   echo "tables and engine gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_43.txt"))"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_43.txt" | head
+  ;;
+66)
+  # Stage 65: a warm compiled start failed in Dynamo's guards (an unpickled readout never
+  # registered e3nn's Activation for simplify; fixed, test_compile_kept_conversion.py), and the
+  # package still took 33.7 s to load (torch's other ISA probes; the loader is now made
+  # directly). The compiled start-up cold and warm, then a package built and loaded.
+  gpu_tests 66 120 "$tests/test_converted_cache.py" -k cuda
+  FASTMACE_CACHE=/tmp/fastmace-cache-66a compiled_startup 250 140
+  grep -hE "^step|^done" "$OUT"/startup-13824/warm.log | head -12
+  export FASTMACE_CACHE=/tmp/fastmace-cache-66b AOT_PROBE_REPEAT=12
+  for run in built loaded; do
+    limit=260; [ "$run" = loaded ] && limit=100
+    timeout $limit python3 tools/validation/aot_probe2.py compare > "$OUT/compare-$run.txt" 2>&1
+    echo "compare ($run): exit $?"
+    grep -E "atoms|first call|from eager|Aot|rror" "$OUT/compare-$run.txt" | cut -c1-300 | head -12
+  done
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
