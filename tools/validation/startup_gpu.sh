@@ -973,11 +973,11 @@ PY
   # registered e3nn's Activation for simplify; fixed, test_compile_kept_conversion.py), and the
   # package still took 33.7 s to load (torch's other ISA probes; the loader is now made
   # directly). The compiled start-up cold and warm, then a package built and loaded.
-  FASTMACE_CACHE=/tmp/fastmace-cache-66a compiled_startup 250 140
+  FASTMACE_CACHE=/tmp/fastmace-cache-66a compiled_startup 220 120
   grep -hE "^step|^done" "$OUT"/startup-13824/warm.log | head -12
   export FASTMACE_CACHE=/tmp/fastmace-cache-66b AOT_PROBE_REPEAT=12
   for run in built loaded; do
-    limit=230; [ "$run" = loaded ] && limit=90
+    limit=200; [ "$run" = loaded ] && limit=80
     timeout $limit python3 tools/validation/aot_probe2.py compare > "$OUT/compare-$run.txt" 2>&1
     echo "compare ($run): exit $?"
     grep -E "atoms|first call|from eager|Aot|rror" "$OUT/compare-$run.txt" | cut -c1-300 | head -12
