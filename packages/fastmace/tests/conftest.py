@@ -1,9 +1,11 @@
 """Shared helpers: a clean environment for child processes, a cache root of the test's own, a
 snapshot of a directory tree, the example structure, rattled copper, run settings, the demo
-model, a stand-in that compiles Triton kernels for Hopper, and the model's mirrored edges."""
+model, a smaller copper model for tests that compile, a stand-in that compiles Triton kernels
+for Hopper, and the model's mirrored edges."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -123,6 +125,22 @@ def demo():
     from fastmace.models.load import load
 
     return load("demo-emt-cu")
+
+
+@pytest.fixture
+def one_interaction_copper(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The ``load`` label of a copper model smaller than the demo, for tests of how a model is
+    compiled, whose cost grows with the model's graph. Random weights; the demo's interaction
+    block, l_max 2 and correlation 2, but one interaction of 8x0e+8x1o features where the demo
+    has two of 16x0e+16x1o: a third of the demo's operators on cuEquivariance, under half on
+    e3nn (traced evaluations, 2026-12-04), so compiling it takes about a third of the time."""
+    from fastmace.models import templates
+
+    shape = dataclasses.replace(
+        templates.TEMPLATES["tiny"], num_interactions=1, atomic_numbers=(29,)
+    )
+    monkeypatch.setitem(templates.TEMPLATES, "tests-one-interaction-cu", shape)
+    return "template:tests-one-interaction-cu"
 
 
 PYTHON_TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"
