@@ -15,7 +15,8 @@
 #
 # Environment: PYTHON (default python3.11: the wheels are for its version), EXTRAS (default
 # oeq), EXTRA_TORCH (more torches for fastmace-oeq-ext to hold a library for, e.g.
-# "torch==2.11.0"; default none), MAX_JOBS (compile jobs, default 2). Takes about ten minutes and several GB (torch's
+# "torch==2.11.0"; default none), OEQ_EXT_WHEEL (a fastmace-oeq-ext wheel just built from this
+# checkout, copied instead of building one), MAX_JOBS (compile jobs, default 2). Takes about ten minutes and several GB (torch's
 # CUDA libraries are most of it).
 set -euo pipefail
 
@@ -36,9 +37,15 @@ echo "== our wheels: fastmace and fastmace-oeq-ext, from this checkout"
 "$python" -m venv "$work/build"
 "$work/build/bin/pip" install "${pip_args[@]}" "torch==2.14.1" "packaging>=23"
 "$work/build/bin/pip" wheel "${pip_args[@]}" --no-deps -w "$dir" "$root/packages/fastmace"
-# Its library for the wheelhouse's torch; EXTRA_TORCH adds others (build.sh).
-BUILD_VENV="$work/build" PYTHON="$python" EXTRA_TORCH="${EXTRA_TORCH:-}" \
-    bash "$root/tools/release/oeq_wheels/build.sh" --local "$dir"
+if [[ -n "${OEQ_EXT_WHEEL:-}" ]]; then
+    # Built from this checkout a moment ago (nox's native_wheel, which checked it): reused.
+    echo "fastmace-oeq-ext: reusing $OEQ_EXT_WHEEL"
+    cp "$OEQ_EXT_WHEEL" "$dir/"
+else
+    # Its library for the wheelhouse's torch; EXTRA_TORCH adds others (build.sh).
+    BUILD_VENV="$work/build" PYTHON="$python" EXTRA_TORCH="${EXTRA_TORCH:-}" \
+        bash "$root/tools/release/oeq_wheels/build.sh" --local "$dir"
+fi
 
 echo "== OpenEquivariance 0.7.0, built once against the build venv's torch"
 torch_dir="$("$work/build/bin/python" -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("torch").origin))')"
