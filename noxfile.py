@@ -90,7 +90,23 @@ def wheelhouse(session: nox.Session) -> None:
     """Every wheel an offline `pip install --no-index --find-links DIR "fastmace[oeq]"` needs,
     into dist/wheelhouse (or the directory given after --), proven by that install."""
     out = session.posargs[0] if session.posargs else str(ROOT / "dist" / "wheelhouse")
-    session.run("bash", str(ROOT / "tools/release/wheelhouse.sh"), out)
+    session.run("bash", str(ROOT / "tools/release/wheelhouse.sh"), out, env=_fresh_native_wheel())
+
+
+def _fresh_native_wheel() -> dict[str, str]:
+    """OEQ_EXT_WHEEL for wheelhouse.sh when native_wheel's wheel is newer than every source it
+    is built from (CI runs native_wheel first: the wheel is built and checked once per run)."""
+    wheels = sorted((ROOT / "dist" / "oeq-wheels").glob("fastmace_oeq_ext-*.whl"))
+    sources = [
+        path
+        for folder in ("packages/fastmace-oeq-ext", "tools/release/oeq_wheels")
+        for path in (ROOT / folder).rglob("*")
+        if path.is_file()
+    ]
+    if len(wheels) != 1 or not sources:
+        return {}
+    newest_source = max(path.stat().st_mtime for path in sources)
+    return {"OEQ_EXT_WHEEL": str(wheels[0])} if wheels[0].stat().st_mtime > newest_source else {}
 
 
 @nox.session
