@@ -65,6 +65,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 64  # compiled start-up, conversion kept; AOTI's load
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 65  # AOTI without the ISA probes, against torch.compile
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 66  # compiled warm start fixed; AOTI's loader direct
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 67  # stage 66's first half (the device time left)
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -981,6 +982,12 @@ PY
     --out "$OUT/startup-13824-aot" --extra=--compile > "$OUT/startup-13824-aot.log" 2>&1
   echo "start-up 13824 (compiled ahead of time): exit $?"
   grep -hE "start-up|^done|rror" "$OUT"/startup-13824-aot/*.log | cut -c1-300
+  ;;
+67)
+  # Stage 66's first half, for the device time left: the compiled start-up cold and warm
+  # through torch.compile, with the warm start's Dynamo failure fixed.
+  FASTMACE_CACHE=/tmp/fastmace-cache-67 compiled_startup 190 110
+  grep -hE "^step|^done" "$OUT"/startup-13824/warm.log | head -12
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
