@@ -66,6 +66,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 65  # AOTI without the ISA probes, against torch.compile
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 66  # compiled warm start fixed; AOTI's loader direct
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 67  # stage 66's first half (the device time left)
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 68  # why a regrown list recompiles on CUDA
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -988,6 +989,20 @@ PY
   # through torch.compile, with the warm start's Dynamo failure fixed.
   FASTMACE_CACHE=/tmp/fastmace-cache-67 compiled_startup 190 110
   grep -hE "^step|^done" "$OUT"/startup-13824/warm.log | head -12
+  ;;
+68)
+  # Stage 67: after two list regrowths a compiled run stalled 33 s, and stage 64's metrics had
+  # a second compilation of the model's frame. Which guard failed, and what each part of the
+  # warm model phase (9.2 s) is: imports or unpickling.
+  export FASTMACE_CACHE=/tmp/fastmace-cache-68
+  compiled_startup 200 120
+  structure=$(ls "$OUT"/startup-13824/nacl-13824.extxyz)
+  TORCH_LOGS=recompiles,graph_breaks timeout 120 python3 -X importtime -m fastmace md \
+    "$structure" --model template:mp0-medium --dtype float32 --backend cueq --steps 200 \
+    --traj-every 0 --temperature 300 --compile --output /tmp/run-68 > "$OUT/recompiles.log" 2>&1
+  echo "logged warm run: exit $?"
+  grep -vE "^import time" "$OUT/recompiles.log" | grep -iE "recompil|guard|break|start-up" | cut -c1-400 | head -20
+  grep -E "^import time" "$OUT/recompiles.log" | sort -t'|' -k2 -n | tail -12
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
