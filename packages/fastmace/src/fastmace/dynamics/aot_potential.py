@@ -367,6 +367,8 @@ def _load(data: bytes) -> Callable[..., object]:
         path = Path(scratch) / "model.pt2"
         path.write_bytes(data)
         # The loader unpacks the archive into a directory of its own: the file can go.
+        # Arguments: the model's name in the package, run single-threaded, one runner, and
+        # device index -1 (the device the package was built for).
         loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, -1)
     return AOTICompiledModel(loader)
 
