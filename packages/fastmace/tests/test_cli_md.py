@@ -10,7 +10,7 @@ import pytest
 from conftest import EXAMPLE, run_fastmace
 
 from fastmace.cli.main import build_parser
-from fastmace.cli.md import _per_system_numbers, _temperatures
+from fastmace.cli.md import _per_system_numbers
 
 
 def test_md_writes_a_run_directory_and_refuses_to_overwrite_it(clean_env, tmp_path):
@@ -96,13 +96,17 @@ def test_md_help_shows_every_default_and_the_units(clean_env):
     assert shown >= 9
     # Defaults decided later (the integrators', a new run's timestep) are written out.
     assert "(default: 1.0; with --resume, the saved one)" in entries["--timestep"]
-    assert "(default: 1.0)" in entries["--friction"] and "(default: 100.0)" in entries["--tau"]
+    # An ensemble setting's help names the ensembles that take it, then its default.
+    assert entries["--friction"].endswith("(nvt-langevin; default: 1.0)")
+    assert entries["--tau"].endswith("(nvt-csvr, nvt-nose-hoover; default: 100.0)")
+    assert entries["--barostat-tau"].endswith("(npt; default: 1000.0)")
     # Physical quantities say their unit, in the metavar and in words.
     units = {
         "--temperature": ("K", "in K"), "--initial-temperature": ("K", "in K"),
         "--pressure": ("GPA", "in GPa"),
         "--timestep": ("FS", "in fs"), "--friction": ("PER_PS", "in 1/ps"),
-        "--tau": ("FS", "in fs"),
+        "--tau": ("FS", "in fs"), "--pressure-bar": ("BAR", "in bar"),
+        "--compressibility": ("PER_GPA", "in 1/GPa"), "--thermostat-tau": ("FS", "in fs"),
     }  # fmt: skip
     for flag, (metavar, words) in units.items():
         assert entries[flag].startswith(f"{flag} {metavar} ") and words in entries[flag]
@@ -116,9 +120,9 @@ def test_run_and_plot_help(clean_env):
 
 
 def test_per_system_numbers_take_one_value_or_one_per_system():
-    assert _temperatures("300") == 300.0
+    assert _per_system_numbers("--temperature", "300") == 300.0
     assert _per_system_numbers("--charge", "1,-1,0") == [1.0, -1.0, 0.0]
-    with pytest.raises(ArgumentTypeError, match=r"--temperature takes K or K1,K2,\.\.\. \(one"):
-        _temperatures("300,x")
+    with pytest.raises(ArgumentTypeError, match=r"--temperature takes a number or one per"):
+        _per_system_numbers("--temperature", "300,x")
     with pytest.raises(ArgumentTypeError, match=r"--charge takes a number or one per system"):
         _per_system_numbers("--charge", "1,x")

@@ -15,13 +15,13 @@ import pytest
 
 import fastmace
 from fastmace.cli.main import build_parser
-from fastmace.vocabulary import ENSEMBLE_SETTINGS
+from fastmace.ensemble_catalog import setting_names
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGES = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 # Keyword arguments a function takes through **kwargs, by function.
-THROUGH_KWARGS = {"md": set(ENSEMBLE_SETTINGS)}
+THROUGH_KWARGS = {"md": set(setting_names())}
 
 
 def _blocks(languages: tuple[str, ...]) -> list[tuple[str, str]]:

@@ -122,7 +122,7 @@ def test_fm_md_shows_users_only_their_parameters_and_plain_defaults():
     import inspect
 
     import fastmace as fm
-    from fastmace.vocabulary import DEFAULT_ENSEMBLE
+    from fastmace.ensemble_catalog import DEFAULT_ENSEMBLE
 
     parameters = inspect.signature(fm.md).parameters
     assert not [name for name in parameters if name.startswith("_")]

@@ -214,7 +214,7 @@ def test_bad_structures_are_refused_before_anything_runs(demo, tmp_path, change,
     [
         ({"ensemble": "nvt", "temperature_K": -5.0}, ValueError, "temperature"),
         ({"ensemble": "nvt", "temperature_K": 300.0, "timestep_fs": 50.0}, ValueError, "timestep"),
-        ({"ensemble": "nvt"}, EnsembleError, "needs a temperature"),
+        ({"ensemble": "nvt"}, EnsembleError, "needs the target temperature"),
         ({"ensemble": "nve", "temperature_K": 300.0}, EnsembleError, "does not take"),
         ({"ensemble": "nvx", "temperature_K": 300.0}, EnsembleError, "unknown ensemble"),
         ({"ensemble": "nvt", "temperature_K": 300.0, "tmperature": 1}, TypeError, "unknown"),

@@ -13,16 +13,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from fastmace import child_run
 from fastmace.charges import PerSystemValue
+from fastmace.ensemble_catalog import setting_names
 from fastmace.io.progress import setup_note
 from fastmace.protocol import PressureSchedule, TemperatureSchedule
 from fastmace.runtime import environment
 from fastmace.structures import Structure
-from fastmace.vocabulary import (
-    DEFAULT_TIMESTEP_FS,
-    ENSEMBLE_SETTINGS,
-    GPA_PER_BAR,
-    SETUP_PROGRESS_ATOMS,
-)
+from fastmace.vocabulary import DEFAULT_TIMESTEP_FS, GPA_PER_BAR, SETUP_PROGRESS_ATOMS
 
 if TYPE_CHECKING:
     import ase
@@ -406,11 +402,11 @@ def _check_call(
         raise ValueError(f"check must be None or 'gate', got {arguments['check']!r}")
     if "capture" in ensemble_settings:
         raise TypeError("fm.md's capture= is now graphs=, the name EngineConfig and the plan use")
-    unknown = sorted(set(ensemble_settings) - set(ENSEMBLE_SETTINGS))
+    unknown = sorted(set(ensemble_settings) - set(setting_names()))
     if unknown:
         raise TypeError(
             f"fm.md got unknown arguments {', '.join(unknown)}; the ensemble settings are: "
-            f"{', '.join(ENSEMBLE_SETTINGS)}"
+            f"{', '.join(setting_names())}"
         )
     runner = RunnerConfig() if runner is None else runner
     if not isinstance(runner, RunnerConfig):

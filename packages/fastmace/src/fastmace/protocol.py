@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from fastmace.ensemble_catalog import EnsembleError, descriptor, offering
+
 SCHEDULE_MODES = ("linear", "step")
-# Ensembles whose target temperature may change during a run. NVE has none; the Nose-Hoover
-# chain's thermostat masses are set by the starting temperature and its conserved energy
-# would not hold under a changing target.
-SCHEDULED_ENSEMBLES = ("nvt-langevin", "nvt-csvr", "npt")
 
 
 class ScheduleError(ValueError):
@@ -34,10 +32,11 @@ class TemperatureSchedule:
     points: tuple[tuple[int, float], ...]
     mode: str = "linear"
 
-    quantity = "temperature"  # class constants: what a schedule of this kind sets
+    # Class constants: what a schedule of this kind sets (a target of an ensemble
+    # descriptor's `schedules`, fastmace.ensemble_catalog).
+    quantity = "temperature"
     unit = "K"
     minimum = 0.0
-    ensembles = SCHEDULED_ENSEMBLES
 
     def __post_init__(self) -> None:
         if self.mode not in SCHEDULE_MODES:
@@ -119,10 +118,15 @@ class TemperatureSchedule:
         return max(value for _, value in self.points)
 
     def check_ensemble(self, ensemble: str) -> None:
-        if ensemble not in self.ensembles:
+        """ScheduleError unless ``ensemble`` (a name or alias) lets this target change."""
+        try:
+            follows = self.quantity in descriptor(ensemble).schedules
+        except EnsembleError:
+            follows = False
+        if not follows:
             raise ScheduleError(
                 f"a {self.quantity} schedule needs an ensemble whose target may change: "
-                f"{', '.join(self.ensembles)}; the {ensemble} ensemble cannot follow one"
+                f"{', '.join(offering(self.quantity))}; the {ensemble} ensemble cannot follow one"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,4 +144,3 @@ class PressureSchedule(TemperatureSchedule):
     quantity = "pressure"
     unit = "GPa"
     minimum = -math.inf
-    ensembles = ("npt",)

@@ -30,13 +30,19 @@ from fastmace.dynamics.engine import Engine, generators_of, tensors_of
 from fastmace.dynamics.errors import GuardError, SimulationError
 from fastmace.dynamics.exchange_group import ExchangeGroup
 from fastmace.dynamics.guard import Guard
-from fastmace.dynamics.integrators import maxwell_boltzmann_velocities, random_streams
+from fastmace.dynamics.integrators import (
+    Barostatted,
+    Thermostatted,
+    maxwell_boltzmann_velocities,
+    random_streams,
+)
 from fastmace.dynamics.integrators.units import EV_PER_A3_PER_GPA, KB_EV_PER_K
 from fastmace.dynamics.neighbours import DEFAULT_CELL_MARGIN, NeighbourList
 from fastmace.dynamics.replica_exchange import ReplicaExchange
 from fastmace.dynamics.state import State
 from fastmace.dynamics.thermal_start import ThermalStart, equipartition_start
 from fastmace.dynamics.thermo import thermo_rows
+from fastmace.ensemble_catalog import exchanging
 from fastmace.io import Progress, RunDirectory, RunOutput
 from fastmace.io.plot import can_plot
 from fastmace.io.progress import setup_note, startup_line
@@ -408,10 +414,13 @@ class Simulation:
                     "same exchange_every"
                 )
             return None
-        if not hasattr(md, "kT"):
+        if not self.settings.ensemble.descriptor.exchanges_temperatures or not isinstance(
+            md, Thermostatted
+        ):
             raise ValueError(
-                f"replica exchange needs a thermostat; the {self.settings.ensemble.name} "
-                "ensemble has none (use nvt, nvt-csvr or nvt-nose-hoover)"
+                f"replica exchange needs a thermostat at a fixed cell; the "
+                f"{self.settings.ensemble.name} ensemble is not one (use "
+                f"{' or '.join(exchanging())})"
             )
         numbers = [tuple(int(z) for z in state.atomic_numbers[state.system == s].tolist())
                    for s in range(state.n_systems)]  # fmt: skip
@@ -460,9 +469,11 @@ class Simulation:
         the device, read by the captured block like any other input (no sync)."""
         md, settings = self.engine.md, self.settings
         if settings.temperature_schedule is not None:
+            assert isinstance(md, Thermostatted)  # preflight checked the ensemble takes one
             temperature = settings.temperature_schedule.block_value(first_step, steps)
             md.kT.fill_(temperature * KB_EV_PER_K)
         if settings.pressure_schedule is not None:
+            assert isinstance(md, Barostatted)
             pressure = settings.pressure_schedule.block_value(first_step, steps)
             md.pressure.fill_(pressure * EV_PER_A3_PER_GPA)
 

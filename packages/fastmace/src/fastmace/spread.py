@@ -32,10 +32,10 @@ from typing import Any, TextIO
 import ase
 
 from fastmace.batching import is_per_system, merged_result
+from fastmace.ensemble_catalog import setting_names
 from fastmace.runner import ChildStopped, RunnerConfig, run_in_subprocess
 from fastmace.runs import MDResult
 from fastmace.runtime.atomic import atomic_write_text
-from fastmace.vocabulary import ENSEMBLE_SETTINGS
 
 DEVICE_DIRECTORY = "gpu-{index}"
 SPREAD_FILE = "devices.json"
@@ -110,7 +110,7 @@ def part_arguments(
     their own: replicas and repeats already made): per-system values sliced, the seed moved so
     that each system keeps its stream, the part's own run directory."""
     chosen = dict(arguments)
-    for name in (*ENSEMBLE_SETTINGS, "initial_temperature_K", "charge", "spin"):
+    for name in (*setting_names(), "initial_temperature_K", "charge", "spin"):
         value = chosen.get(name)
         if is_per_system(value, n_systems):
             chosen[name] = list(value)[part.start : part.stop]

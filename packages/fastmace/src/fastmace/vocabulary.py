@@ -1,8 +1,8 @@
 """The names and constants every room of FastMACE shares, written once; imports nothing.
 
 The planner (torch-free) and the engine (torch) both read these tables, so they live here
-rather than in either: backends and their one order, ensembles with their aliases and
-settings, the engine's defaults and limits, and the unit conversions.
+rather than in either: backends and their one order, the engine's defaults and limits, and
+the unit conversions (the ensembles have their own module, fastmace.ensemble_catalog).
 """
 
 from __future__ import annotations
@@ -34,79 +34,7 @@ DEFAULT_MATMUL_PRECISION = "float32"
 TF32_EPSILON = 2.0**-10
 TF32_GATE_EPSILONS = 20
 
-# -- ensembles --------------------------------------------------------------------------------
-
-ENSEMBLE_TAKES: dict[str, tuple[str, ...]] = {
-    "nve": (),
-    "nvt-langevin": ("temperature_K", "friction_per_ps"),
-    "nvt-csvr": ("temperature_K", "tau_fs"),
-    "nvt-nose-hoover": ("temperature_K", "tau_fs", "chain_length"),
-    "npt": (
-        "temperature_K", "pressure_GPa", "pressure_bar", "thermostat_tau_fs", "barostat_tau_fs",
-        "compressibility_per_GPa", "cell_mode",
-    ),
-}  # fmt: skip
-"""Each ensemble's canonical name and the settings (fm.md keyword arguments) it takes."""
-ENSEMBLE_DEFAULTS: dict[str, float | int | str] = {
-    "friction_per_ps": 1.0, "tau_fs": 100.0, "chain_length": 3, "thermostat_tau_fs": 100.0,
-    "barostat_tau_fs": 1000.0, "compressibility_per_GPa": 0.01, "cell_mode": "isotropic",
-}  # fmt: skip
-"""The ensemble settings that have a default: the integrators' defaults and the CLI's help."""
-ENSEMBLES = tuple(ENSEMBLE_TAKES)
-ENSEMBLE_ALIASES = {
-    "nvt": "nvt-langevin", "langevin": "nvt-langevin", "csvr": "nvt-csvr", "bussi": "nvt-csvr",
-    "nose-hoover": "nvt-nose-hoover", "nhc": "nvt-nose-hoover",
-}  # fmt: skip
-ENSEMBLE_SETTINGS = tuple(dict.fromkeys(s for takes in ENSEMBLE_TAKES.values() for s in takes))
-"""Every ensemble setting, as keyword arguments of fm.md and keys of a run config."""
-DEFAULT_ENSEMBLE = "nvt"
-CELL_MODES = ("isotropic", "per_axis", "full")
-"""How the NPT barostat may deform the cell (``cell_mode``)."""
-
-
-class EnsembleError(ValueError):
-    """An unknown ensemble, a setting it does not take, or one it needs and lacks."""
-
-
-def canonical_ensemble(name: str) -> str:
-    """The canonical name of ensemble ``name`` (or an alias); EnsembleError if there is none."""
-    if not isinstance(name, str):
-        raise EnsembleError(f"ensemble must be a name, got {name!r}")
-    canonical = ENSEMBLE_ALIASES.get(name.lower(), name.lower())
-    if canonical not in ENSEMBLE_TAKES:
-        choices = ", ".join([*ENSEMBLES, *ENSEMBLE_ALIASES])
-        raise EnsembleError(f"unknown ensemble {name!r}; choose one of: {choices}")
-    return canonical
-
-
-def bind_ensemble(name: str, settings: dict[str, object]) -> tuple[str, dict[str, object]]:
-    """The canonical name of ensemble ``name`` and those of ``settings`` that are not None.
-
-    EnsembleError for an unknown name, a setting the ensemble does not take, or a thermostat
-    without ``temperature_K``. The values themselves are checked elsewhere.
-    """
-    canonical = canonical_ensemble(name)
-    accepted = ENSEMBLE_TAKES[canonical]
-    given = {key: value for key, value in settings.items() if value is not None}
-    unknown = sorted(set(given) - set(accepted))
-    if unknown:
-        takes = ", ".join(accepted) if accepted else "no settings"
-        raise EnsembleError(
-            f"the {canonical} ensemble does not take {', '.join(unknown)}; it takes: {takes}"
-        )
-    if needs_temperature(canonical) and "temperature_K" not in given:
-        raise EnsembleError(f"the {canonical} ensemble needs a temperature (temperature_K)")
-    return canonical, given
-
-
-def needs_temperature(ensemble: str) -> bool:
-    """Whether the canonical ``ensemble`` is thermostatted (and so needs temperature_K)."""
-    return "temperature_K" in ENSEMBLE_TAKES[ensemble]
-
-
-def takes_pressure(ensemble: str) -> bool:
-    """Whether the canonical ``ensemble`` holds a pressure (a barostat)."""
-    return "pressure_GPa" in ENSEMBLE_TAKES[ensemble]
+# Ensembles, their settings and defaults: fastmace.ensemble_catalog.
 
 
 # -- the engine's defaults and limits -----------------------------------------------------------

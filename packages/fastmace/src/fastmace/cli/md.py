@@ -17,18 +17,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastmace.vocabulary import (
-    CELL_MODES,
+from fastmace.ensemble_catalog import (
     DEFAULT_ENSEMBLE,
-    DEFAULT_MATMUL_PRECISION,
-    DEFAULT_TIMESTEP_FS,
-    ENSEMBLE_ALIASES,
-    ENSEMBLE_DEFAULTS,
-    ENSEMBLE_SETTINGS,
-    ENSEMBLES,
-    MATMUL_PRECISIONS,
     EnsembleError,
+    Setting,
+    described_settings,
+    descriptors,
+    ensemble_names,
+    per_system_settings,
+    setting_names,
 )
+from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION, DEFAULT_TIMESTEP_FS, MATMUL_PRECISIONS
 
 # Keys of a run config (TOML) besides the ensemble settings: fm.md's other arguments.
 RUN_KEYS = (
@@ -44,11 +43,12 @@ RUN_KEYS = (
 )  # fmt: skip
 # Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
 RUNNER_KEYS = ("subprocess", "environment")
-# A run config's [[systems]] tables: a structure each, and the settings that may differ.
-PER_SYSTEM_KEYS = (
-    "temperature_K", "friction_per_ps", "tau_fs", "pressure_GPa", "pressure_bar",
-    "thermostat_tau_fs", "barostat_tau_fs", "compressibility_per_GPa", "charge", "spin",
-)  # fmt: skip
+
+
+def per_system_keys() -> tuple[str, ...]:
+    """A run config's [[systems]] tables: a structure each, and the settings that may differ
+    (the ensembles' per-system settings, charge and spin)."""
+    return (*per_system_settings(), "charge", "spin")
 
 
 def _repeat(text: str) -> tuple[int, ...]:
@@ -57,11 +57,6 @@ def _repeat(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--repeat takes N or A,B,C, got {text!r}") from None
     return counts * 3 if len(counts) == 1 else counts
-
-
-def _temperatures(text: str) -> float | list[float]:
-    """``300`` or one temperature per system, ``300,350,400``."""
-    return _per_system_numbers("--temperature", text, "K or K1,K2,... (one per system)")
 
 
 def _per_system_numbers(
@@ -81,6 +76,47 @@ def _ladder(text: str) -> tuple[float, float]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--ladder takes LOW,HIGH in K, got {text!r}") from None
     return low, high
+
+
+def _metavar(setting: Setting) -> str:
+    """K, FS, PER_PS, GPA for a number with a unit; N for a whole number; MODE for cell_mode."""
+    if setting.whole:
+        return "N"
+    if setting.choices or not setting.unit:
+        return setting.name.rsplit("_", 1)[-1].upper()
+    return setting.unit.replace("1/", "PER_").upper()
+
+
+def _add_ensemble_flag(parser: argparse.ArgumentParser, setting: Setting) -> None:
+    """The option of an ensemble setting, from its description: its help names the ensembles
+    that take it and its default (each integrator's, applied later: None here)."""
+    assert setting.flag is not None
+    takers = [known for known in descriptors() if setting.name in known.setting_names]
+    defaults = {known.setting(setting.name).default for known in takers}
+    notes = [", ".join(known.name for known in takers)]
+    if len(defaults) == 1 and None not in defaults:
+        notes.append(f"default: {defaults.pop()}")
+    text = setting.help
+    if setting.per_system and setting.numeric:
+        text += "; V1,V2,... gives one per system"
+
+    def value(text: str, flag: str = setting.flag) -> Any:
+        if setting.choices:
+            return text  # preflight names the choices, and the flag
+        if setting.whole:
+            try:
+                return int(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{flag} takes a whole number") from None
+        return _per_system_numbers(flag, text)
+
+    parser.add_argument(
+        setting.flag,
+        type=value,
+        dest=setting.name,
+        metavar=_metavar(setting),
+        help=f"{text} ({'; '.join(notes)})",
+    )
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -107,22 +143,11 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     md.add_argument(
         "--ensemble",
         default=DEFAULT_ENSEMBLE,
-        help=f"{', '.join([*ENSEMBLES, *ENSEMBLE_ALIASES])} (default: %(default)s)",
+        help=f"{', '.join(ensemble_names(aliases=True))} (default: %(default)s)",
     )
-    md.add_argument(
-        "--temperature",
-        type=_temperatures,
-        dest="temperature_K",
-        metavar="K",
-        help="target temperature in K (needed by nvt and npt); K1,K2,... gives one per system",
-    )
-    md.add_argument(
-        "--pressure",
-        type=float,
-        dest="pressure_GPa",
-        metavar="GPA",
-        help="target pressure in GPa (NPT)",
-    )
+    for setting in described_settings().values():
+        if setting.flag is not None:
+            _add_ensemble_flag(md, setting)
     md.add_argument(
         "--steps",
         type=int,
@@ -143,26 +168,6 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         dest="timestep_fs",
         metavar="FS",
         help=f"time step in fs (default: {DEFAULT_TIMESTEP_FS}; with --resume, the saved one)",
-    )
-    md.add_argument(
-        "--friction",
-        type=float,
-        dest="friction_per_ps",
-        metavar="PER_PS",
-        help=f"Langevin friction in 1/ps (default: {ENSEMBLE_DEFAULTS['friction_per_ps']})",
-    )
-    md.add_argument(
-        "--tau",
-        type=float,
-        dest="tau_fs",
-        metavar="FS",
-        help=f"CSVR and Nose-Hoover time constant in fs (default: {ENSEMBLE_DEFAULTS['tau_fs']})",
-    )
-    md.add_argument(
-        "--cell-mode",
-        dest="cell_mode",
-        metavar="MODE",
-        help=f"NPT: {', '.join(CELL_MODES)} (default: {ENSEMBLE_DEFAULTS['cell_mode']})",
     )
     md.add_argument(
         "--repeat",
@@ -395,7 +400,7 @@ def _md(args: argparse.Namespace) -> int:
     from fastmace.preflight import RequestError
 
     options = {key: value for key, value in vars(args).items()
-               if key in RUN_KEYS or key in RUNNER_KEYS or key in ENSEMBLE_SETTINGS}  # fmt: skip
+               if key in RUN_KEYS or key in RUNNER_KEYS or key in setting_names()}  # fmt: skip
     options = {key: value for key, value in options.items() if value is not None}
     if args.ladder is not None:
         if "temperature_K" in options:
@@ -440,7 +445,7 @@ def read_config(path: Path) -> dict[str, Any]:
             f"{path} is not a run config: it holds bytes that are not UTF-8 text (at byte "
             f"{error.start}), and a run config is a TOML text file (docs/md.md shows one)"
         ) from None
-    known = set(RUN_KEYS) | set(RUNNER_KEYS) | set(ENSEMBLE_SETTINGS) | {"systems"}
+    known = set(RUN_KEYS) | set(RUNNER_KEYS) | set(setting_names()) | {"systems"}
     unknown = sorted(set(config) - known)
     if unknown:
         raise ValueError(
@@ -481,11 +486,12 @@ def _systems(path: Path, systems: Any, config: dict[str, Any]) -> dict[str, Any]
         raise ValueError(f"{path}: systems must be [[systems]] tables, each with a structure")
     structures = []
     for number, table in enumerate(systems, start=1):
-        unknown = sorted(set(table) - {"structure", *PER_SYSTEM_KEYS})
+        unknown = sorted(set(table) - {"structure", *per_system_keys()})
         if unknown:
+            keys = ", ".join(per_system_keys())
             raise ValueError(
                 f"{path}: system {number} has key(s) {', '.join(unknown)} that cannot differ "
-                f"per system; a [[systems]] table takes structure and {', '.join(PER_SYSTEM_KEYS)}"
+                f"per system; a [[systems]] table takes structure and {keys}"
             )
         if not isinstance(table.get("structure"), str) or not table["structure"]:
             raise ValueError(f'{path}: system {number} needs structure = "FILE" (a path)')
@@ -493,7 +499,7 @@ def _systems(path: Path, systems: Any, config: dict[str, Any]) -> dict[str, Any]
         structures.append(str(file if file.is_absolute() else path.parent / file))
     copies = config.get("replicas", 1) if isinstance(config.get("replicas", 1), int) else 1
     found: dict[str, Any] = {"structure": structures}
-    for key in PER_SYSTEM_KEYS:
+    for key in per_system_keys():
         if not any(key in table for table in systems):
             continue
         values = []

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fastmace.dynamics.errors import Breach, GuardError
-from fastmace.dynamics.integrators import MDState, NPTState
+from fastmace.dynamics.integrators import Barostatted, MDState, Thermostatted
 from fastmace.dynamics.integrators.common import cell_volume, system_sum
 from fastmace.dynamics.integrators.units import KB_EV_PER_K
 from fastmace.dynamics.neighbours import NeighbourList
@@ -36,7 +36,7 @@ QUANTITIES = ("temperature", "energy", "force", "volume", "displacement")
 def watched_energy(md: MDState) -> torch.Tensor:
     """(S,) the energy the guard watches: the integrator's conserved energy; under NPT, which
     has none, the enthalpy at the target pressure plus the heat given to the thermostat."""
-    if isinstance(md, NPTState):
+    if isinstance(md, Barostatted):
         enthalpy = md.total_energy() + md.pressure * cell_volume(md.state.cell)
         return enthalpy + md.thermostat_energy
     conserved = getattr(md, "conserved_energy", md.total_energy)
@@ -69,14 +69,17 @@ class Guard:
             energy = watched_energy(md)
             volume = cell_volume(state.cell)
             atoms = system_sum(torch.ones_like(state.masses), state.system, state.n_systems)
-        kT = getattr(md, "kT", None)
-        target = np.zeros(state.n_systems) if kT is None else kT.cpu().numpy() / KB_EV_PER_K
+        target = (
+            md.kT.cpu().numpy() / KB_EV_PER_K
+            if isinstance(md, Thermostatted)
+            else np.zeros(state.n_systems)
+        )
         reference = np.maximum.reduce([
             target, start_temperature, np.full(state.n_systems, GUARD_TEMPERATURE_FLOOR_K),
             np.full(state.n_systems, hottest_target_K),
         ])  # fmt: skip
         self.temperature_reference_K = _saved(saved, "temperature_reference_K", reference)
-        self.npt = isinstance(md, NPTState)
+        self.npt = isinstance(md, Barostatted)
         self.energy_bound = config.energy_per_atom_eV * (GUARD_NPT_ENERGY_FACTOR if self.npt else 1)
         self.max_displacement_A = config.displacement_skins * skin_A
 

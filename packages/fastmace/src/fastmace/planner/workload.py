@@ -12,13 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fastmace.vocabulary import (
-    DTYPES,
-    MAX_TIMESTEP_FS,
-    canonical_ensemble,
-    needs_temperature,
-    takes_pressure,
-)
+from fastmace.ensemble_catalog import canonical_ensemble, descriptor, descriptors
+from fastmace.vocabulary import DTYPES, MAX_TIMESTEP_FS
 
 PRECISIONS = ("auto", "float32", "float64")
 DEVICES = ("auto", "cuda", "cpu")
@@ -142,23 +137,25 @@ class Workload:
                 f"temperatures_K={temperatures!r} is not allowed: give one positive temperature "
                 f"(K) for all systems or one per system ({n})"
             )
-        if needs_temperature(self.ensemble) and not temperatures:
+        known = descriptor(self.ensemble)
+        if known.thermostat and not temperatures:
             raise ValueError(f"the {self.ensemble} ensemble needs a temperature (temperatures_K)")
         if self.pressure_GPa is not None:
-            if not takes_pressure(self.ensemble):
+            if not known.barostat:
                 raise ValueError(f"the {self.ensemble} ensemble takes no pressure (pressure_GPa)")
             if not _number(self.pressure_GPa):
                 raise ValueError(f"pressure_GPa={self.pressure_GPa!r} is not a number")
-        if takes_pressure(self.ensemble) and self.long_range:
+        if known.barostat and self.long_range:
             # mace-torch's PolarMACE strains the local edges only (docs/validation/polar.md).
             raise ValueError(
                 f"the {self.ensemble} ensemble moves the cell by the stress, and a long-range "
                 "model's stress (MACE-POLAR-1, as mace-torch computes it) leaves out its "
-                "long-range part: run it at a fixed cell (nve, nvt, nvt-csvr, nvt-nose-hoover)"
+                "long-range part: run it at a fixed cell ("
+                f"{', '.join(d.name for d in descriptors() if not d.barostat)})"
             )
-        if takes_pressure(self.ensemble) and not all(all(p) for p in self.periodicity):
+        if known.barostat and not all(all(p) for p in self.periodicity):
             raise ValueError(
-                "the npt ensemble needs every system periodic in x, y and z; "
+                f"the {self.ensemble} ensemble needs every system periodic in x, y and z; "
                 f"periodic={self.periodic!r}"
             )
 

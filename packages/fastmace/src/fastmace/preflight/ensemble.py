@@ -14,14 +14,9 @@ from typing import Any
 
 import ase
 
+from fastmace.ensemble_catalog import Setting, bind_ensemble, descriptor, exchanging
 from fastmace.preflight.values import RequestError, number, one_of, per_system_numbers, whole
-from fastmace.vocabulary import (
-    CELL_MODES,
-    MAX_TIMESTEP_FS,
-    bind_ensemble,
-    needs_temperature,
-    takes_pressure,
-)
+from fastmace.vocabulary import MAX_TIMESTEP_FS
 
 
 @dataclass(frozen=True)
@@ -50,26 +45,14 @@ class Bound:
                 )
         return values
 
+    @classmethod
+    def of(cls, setting: Setting) -> Bound:
+        """The bound an ensemble's descriptor gives a numeric setting."""
+        return cls(setting.unit, setting.lower, setting.strict, setting.at_least_timestep)
 
-# What each numeric setting takes (as the integrators' init functions check it).
-BOUNDS = {
-    "temperature_K": Bound("K", 0.0),
-    "friction_per_ps": Bound("1/ps", 0.0),
-    "tau_fs": Bound("fs", 0.0, strict=True),
-    "thermostat_tau_fs": Bound("fs", 0.0, strict=True),
-    "barostat_tau_fs": Bound("fs", at_least_timestep=True),
-    "compressibility_per_GPa": Bound("1/GPa", 0.0, strict=True),
-    "pressure_GPa": Bound("GPa"),
-    "pressure_bar": Bound("bar"),
-    "initial_temperature_K": Bound("K", 0.0),  # fm.md's, for the velocities it draws
-}
-# Where an ensemble asks more: the Nose-Hoover chain's masses grow with T and tau^2.
-STRICTER = {
-    ("nvt-nose-hoover", "temperature_K"): Bound("K", 0.0, strict=True),
-    ("nvt-nose-hoover", "tau_fs"): Bound("fs", at_least_timestep=True),
-}
-# Thermostats that only rescale velocities: they cannot heat a system at rest.
-RESCALING = ("nvt-csvr", "npt")
+
+# fm.md's own temperature, for the velocities it draws (not an ensemble's setting).
+INITIAL_TEMPERATURE = Bound("K", 0.0)
 
 
 def check_timestep(timestep_fs: Any) -> float:
@@ -87,21 +70,25 @@ def check_timestep(timestep_fs: Any) -> float:
 def check_settings(name: str, settings: Mapping[str, Any], timestep_fs: float) -> str:
     """The canonical ensemble of ``name``, once its settings are known and in bounds."""
     canonical, given = bind_ensemble(name, dict(settings))
-    for setting, value in given.items():
-        if setting == "chain_length":
-            whole("chain_length", value, minimum=1)
-        elif setting == "cell_mode":
-            one_of("cell_mode", value, CELL_MODES)
+    known = descriptor(canonical)
+    for name_given, value in given.items():
+        setting = known.setting(name_given)
+        if setting.whole:
+            whole(setting.name, value, minimum=int(setting.lower or 0))
+        elif setting.choices:
+            one_of(setting.name, value, setting.choices)
         else:
-            bound = STRICTER.get((canonical, setting), BOUNDS[setting])
-            bound.check(setting, value, timestep_fs)
-    if takes_pressure(canonical) and ("pressure_GPa" in given) == ("pressure_bar" in given):
-        raise RequestError(
-            f"the {canonical} ensemble needs the target pressure as exactly one of pressure_GPa "
-            f"or pressure_bar (got pressure_GPa={given.get('pressure_GPa')!r}, "
-            f"pressure_bar={given.get('pressure_bar')!r})",
-            "pressure_GPa",
-        )
+            Bound.of(setting).check(setting.name, value, timestep_fs)
+    for setting in known.settings:  # a required setting given once, as itself or instead
+        if setting.instead_of is None:
+            continue
+        pair = (setting.instead_of, setting.name)
+        if (pair[0] in given) == (pair[1] in given):
+            raise RequestError(
+                f"the {canonical} ensemble needs exactly one of {pair[0]} or {pair[1]} (got "
+                f"{pair[0]}={given.get(pair[0])!r}, {pair[1]}={given.get(pair[1])!r})",
+                pair[0],
+            )
     return canonical
 
 
@@ -115,8 +102,10 @@ def check_fits_structures(
     """Per-system values fit the batch, and the ensemble can run these structures."""
     n_systems = len(structures)
     counted = {**settings, "initial_temperature_K": initial_temperature_K}
+    known = descriptor(canonical)
     for setting, value in counted.items():
-        if value is None or setting in ("chain_length", "cell_mode"):
+        described = known.setting(setting) if setting in known.setting_names else None
+        if value is None or (described is not None and not described.per_system):
             continue
         count = len(per_system_numbers(setting, value, ""))
         if count not in (1, n_systems):
@@ -133,14 +122,14 @@ def check_fits_structures(
                 f"mass momentum is removed, leaving 3N-3 degrees of freedom); systems {small} "
                 "have fewer: use nve for a single atom"
             )
-    if takes_pressure(canonical):
+    if known.barostat:
         flat = [i for i, atoms in enumerate(structures) if not atoms.pbc.all()]
         if flat:
             raise RequestError(
                 f"{canonical} needs every system periodic in x, y and z (a volume to rescale); "
                 f"systems {flat} are not. Use an NVT ensemble for molecules, slabs and wires"
             )
-    if canonical in RESCALING and not resume:
+    if known.rescaling_only and not resume:
         _check_can_heat(canonical, settings, structures, initial_temperature_K)
 
 
@@ -181,18 +170,19 @@ def check_exchange(
     every = whole("exchange_every", exchange_every, minimum=0)
     if every == 0:
         return
-    if takes_pressure(canonical):
+    known, allowed = descriptor(canonical), " or ".join(exchanging())
+    if known.barostat:
         raise RequestError(
             f"replica exchange is not offered under {canonical}: a swap between walkers at "
             "different volumes needs a P·ΔV term in its acceptance, which FastMACE does not "
             "have, so the ladder would sample the wrong ensemble. Run the ladder at a fixed "
-            "cell (nvt, nvt-csvr or nvt-nose-hoover), at the volume an NPT run gave",
+            f"cell ({allowed}), at the volume an NPT run gave",
             "exchange_every",
         )
-    if not needs_temperature(canonical):
+    if not known.exchanges_temperatures:
         raise RequestError(
             f"replica exchange swaps thermostat temperatures; the {canonical} ensemble has no "
-            "thermostat: use nvt, nvt-csvr or nvt-nose-hoover",
+            f"thermostat: use {allowed}",
             "exchange_every",
         )
     numbers = {tuple(int(z) for z in atoms.numbers) for atoms in structures}

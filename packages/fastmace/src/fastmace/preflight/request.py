@@ -20,10 +20,16 @@ import ase
 
 from fastmace.charges import ChargeSpinError, check_given, given_per_system
 from fastmace.dynamics.checks import StructureError, check_structures
+from fastmace.ensemble_catalog import (
+    DEFAULT_ENSEMBLE,
+    EnsembleError,
+    canonical_ensemble,
+    setting_names,
+)
 from fastmace.io.progress import setup_note
 from fastmace.planner.guard import GuardConfig
 from fastmace.preflight.ensemble import (
-    BOUNDS,
+    INITIAL_TEMPERATURE,
     check_exchange,
     check_fits_structures,
     check_settings,
@@ -36,14 +42,7 @@ from fastmace.protocol import PressureSchedule, ScheduleError, TemperatureSchedu
 from fastmace.runtime import environment
 from fastmace.runtime.cache import cache_root
 from fastmace.structures import Structure, read_structures
-from fastmace.vocabulary import (
-    DEFAULT_ENSEMBLE,
-    DEFAULT_TIMESTEP_FS,
-    ENSEMBLE_SETTINGS,
-    SETUP_PROGRESS_ATOMS,
-    EnsembleError,
-    canonical_ensemble,
-)
+from fastmace.vocabulary import DEFAULT_TIMESTEP_FS, SETUP_PROGRESS_ATOMS
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def check_arguments(arguments: Mapping[str, Any], look: bool = True) -> str:
     timestep_fs = DEFAULT_TIMESTEP_FS if given is None else check_timestep(given)
     if arguments.get("initial_temperature_K") is not None:
         initial = arguments["initial_temperature_K"]
-        BOUNDS["initial_temperature_K"].check("initial_temperature_K", initial, timestep_fs)
+        INITIAL_TEMPERATURE.check("initial_temperature_K", initial, timestep_fs)
     for name in ("reproducible", "trusted"):
         if name in arguments:
             switch(name, arguments[name])
@@ -101,7 +100,7 @@ def check_arguments(arguments: Mapping[str, Any], look: bool = True) -> str:
         check_given(arguments.get("charge"), arguments.get("spin"))
     except ChargeSpinError as error:
         raise RequestError(str(error), error.setting) from None
-    settings = {name: arguments.get(name) for name in ENSEMBLE_SETTINGS}
+    settings = {name: arguments.get(name) for name in setting_names()}
     name = arguments.get("ensemble", DEFAULT_ENSEMBLE)
     for kind, setting in (
         (TemperatureSchedule, "temperature_K"),
@@ -247,7 +246,7 @@ def check_request(
         # The message says "the structure"; a user of the command line needs the file too.
         raise StructureError(f"structure file {structure}: {error}") from None
     resume = bool(arguments.get("resume", False))
-    settings = {name: arguments.get(name) for name in ENSEMBLE_SETTINGS}
+    settings = {name: arguments.get(name) for name in setting_names()}
     settings = {name: value for name, value in settings.items() if value is not None}
     initial = arguments.get("initial_temperature_K")
     check_fits_structures(ensemble, settings, structures, initial, resume)

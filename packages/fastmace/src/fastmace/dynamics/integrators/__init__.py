@@ -8,9 +8,11 @@ numbers, monitoring): docs/design/integrators.md.
 """
 
 from fastmace.dynamics.integrators.common import (
+    Barostatted,
     ComputeFn,
     ForceResult,
     MDState,
+    Thermostatted,
     kinetic_energy,
     maxwell_boltzmann_velocities,
     remove_com_momentum,
@@ -30,6 +32,7 @@ from fastmace.dynamics.integrators.validation import MAX_TIMESTEP_FS
 __all__ = [
     "CELL_MODES",
     "MAX_TIMESTEP_FS",
+    "Barostatted",
     "CSVRState",
     "ComputeFn",
     "ForceResult",
@@ -39,6 +42,7 @@ __all__ = [
     "NVEState",
     "NoseHooverChainState",
     "RandomStreams",
+    "Thermostatted",
     "csvr_init",
     "csvr_step",
     "kinetic_energy",

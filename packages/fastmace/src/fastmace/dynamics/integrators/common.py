@@ -8,6 +8,7 @@ atoms by indexing with ``State.system``. Nothing reads a tensor's value on the h
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -22,7 +23,8 @@ from fastmace.dynamics.integrators.validation import (
 )
 from fastmace.dynamics.state import ComputeFn, ForceResult, State
 
-__all__ = ["ComputeFn", "ForceResult", "MDState"]  # the first two live beside State
+# ComputeFn and ForceResult live beside State.
+__all__ = ["Barostatted", "ComputeFn", "ForceResult", "MDState", "Thermostatted"]
 
 
 @dataclass
@@ -85,6 +87,25 @@ class HeatBathState(MDState):
     def conserved_energy(self) -> torch.Tensor:
         """(S,) total energy plus the energy given to the bath, in eV."""
         return self.total_energy() + self.thermostat_energy
+
+
+@runtime_checkable
+class Thermostatted(Protocol):
+    """The state of an ensemble whose descriptor has a "temperature" target: temperature
+    schedules fill ``kT``, replica exchange swaps it and the guard takes it as a reference."""
+
+    kT: torch.Tensor
+    """(S,) target temperature times k_B, in eV."""
+
+
+@runtime_checkable
+class Barostatted(Protocol):
+    """The state of an ensemble whose descriptor has a "pressure" target: pressure schedules
+    fill ``pressure``; the guard watches its enthalpy and volume."""
+
+    pressure: torch.Tensor
+    """(S,) target pressure in eV/Å³."""
+    thermostat_energy: torch.Tensor
 
 
 def system_sum(values: torch.Tensor, system: torch.Tensor, n_systems: int) -> torch.Tensor:

@@ -45,7 +45,7 @@ from fastmace.dynamics.integrators.validation import (
     per_system_tensor,
 )
 from fastmace.dynamics.state import State
-from fastmace.vocabulary import ENSEMBLE_DEFAULTS
+from fastmace.ensemble_catalog import TAU
 
 
 @dataclass
@@ -66,7 +66,7 @@ def csvr_init(
     *,
     timestep_fs: float,
     temperature_K: PerSystem,
-    tau_fs: PerSystem = ENSEMBLE_DEFAULTS["tau_fs"],
+    tau_fs: PerSystem = TAU.default,
     rng: Seed | RandomStreams,
 ) -> CSVRState:
     """Start CSVR dynamics; removes each system's COM momentum, computes the forces.

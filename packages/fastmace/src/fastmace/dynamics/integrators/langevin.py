@@ -37,7 +37,7 @@ from fastmace.dynamics.integrators.validation import (
     per_system_tensor,
 )
 from fastmace.dynamics.state import State
-from fastmace.vocabulary import ENSEMBLE_DEFAULTS
+from fastmace.ensemble_catalog import FRICTION
 
 
 @dataclass
@@ -57,7 +57,7 @@ def langevin_init(
     *,
     timestep_fs: float,
     temperature_K: PerSystem,
-    friction_per_ps: PerSystem = ENSEMBLE_DEFAULTS["friction_per_ps"],
+    friction_per_ps: PerSystem = FRICTION.default,
     rng: Seed | RandomStreams,
 ) -> LangevinState:
     """Start Langevin dynamics; removes each system's COM momentum, computes the forces.

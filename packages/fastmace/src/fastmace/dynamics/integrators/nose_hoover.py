@@ -45,7 +45,7 @@ from fastmace.dynamics.integrators.validation import (
     per_system_tensor,
 )
 from fastmace.dynamics.state import State
-from fastmace.vocabulary import ENSEMBLE_DEFAULTS
+from fastmace.ensemble_catalog import CHAIN_LENGTH, TAU
 
 _W3 = 1.0 / (2.0 - 2.0 ** (1.0 / 3.0))
 _W5 = 1.0 / (4.0 - 4.0 ** (1.0 / 3.0))
@@ -94,8 +94,8 @@ def nose_hoover_chain_init(
     *,
     timestep_fs: float,
     temperature_K: PerSystem,
-    tau_fs: PerSystem = ENSEMBLE_DEFAULTS["tau_fs"],
-    chain_length: int = ENSEMBLE_DEFAULTS["chain_length"],
+    tau_fs: PerSystem = TAU.default,
+    chain_length: int = CHAIN_LENGTH.default,
     n_substeps: int = 1,
     suzuki_yoshida_order: int = 1,
 ) -> NoseHooverChainState:

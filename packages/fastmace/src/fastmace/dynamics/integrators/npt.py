@@ -42,7 +42,13 @@ from fastmace.dynamics.integrators.validation import (
     per_system_tensor,
 )
 from fastmace.dynamics.state import State
-from fastmace.vocabulary import CELL_MODES, ENSEMBLE_DEFAULTS
+from fastmace.ensemble_catalog import (
+    BAROSTAT_TAU,
+    CELL_MODE,
+    CELL_MODES,
+    COMPRESSIBILITY,
+    THERMOSTAT_TAU,
+)
 
 CellMode = Literal["isotropic", "per_axis", "full"]
 
@@ -84,10 +90,10 @@ def npt_init(
     temperature_K: PerSystem,
     pressure_GPa: PerSystem | None = None,
     pressure_bar: PerSystem | None = None,
-    thermostat_tau_fs: PerSystem = ENSEMBLE_DEFAULTS["thermostat_tau_fs"],
-    barostat_tau_fs: PerSystem = ENSEMBLE_DEFAULTS["barostat_tau_fs"],
-    compressibility_per_GPa: PerSystem = ENSEMBLE_DEFAULTS["compressibility_per_GPa"],
-    cell_mode: CellMode = ENSEMBLE_DEFAULTS["cell_mode"],
+    thermostat_tau_fs: PerSystem = THERMOSTAT_TAU.default,
+    barostat_tau_fs: PerSystem = BAROSTAT_TAU.default,
+    compressibility_per_GPa: PerSystem = COMPRESSIBILITY.default,
+    cell_mode: CellMode = CELL_MODE.default,
     rng: Seed | RandomStreams,
 ) -> NPTState:
     """Start NPT dynamics; removes each system's COM momentum, computes forces and stress.
