@@ -78,10 +78,11 @@ def canonical_settings(ensemble: Ensemble, n_systems: int) -> dict[str, Any]:
     settings = ensemble.resolved_settings()
     if "pressure_bar" in settings:
         settings["pressure_GPa"] = np.asarray(settings.pop("pressure_bar"), float) * GPA_PER_BAR
+    described = ensemble.descriptor
     canonical: dict[str, Any] = {}
     for name, value in sorted(settings.items()):
-        if isinstance(value, str) or name == "chain_length":
-            canonical[name] = value
+        if name in described.setting_names and not described.setting(name).per_system:
+            canonical[name] = value  # a word or a whole number, the same for every system
         else:
             canonical[name] = np.broadcast_to(np.asarray(value, float), (n_systems,)).tolist()
     return canonical
