@@ -127,3 +127,60 @@ def test_fm_md_shows_users_only_their_parameters_and_plain_defaults():
     parameters = inspect.signature(fm.md).parameters
     assert not [name for name in parameters if name.startswith("_")]
     assert parameters["ensemble"].default == DEFAULT_ENSEMBLE
+
+
+def test_fm_md_and_its_request_name_the_same_arguments_with_the_same_defaults():
+    """fm.md passes each keyword on to MDRequest by name (issue 32: no dict(locals())), and a
+    run config's keys are MDRequest's fields: an argument added to one and not the other, or
+    with another default, fails here rather than being dropped."""
+    import dataclasses
+    import inspect
+
+    import fastmace as fm
+    from fastmace.cli.md import RUN_KEYS
+    from fastmace.runs import MDRequest
+
+    parameters = inspect.signature(fm.md).parameters
+    asked = {
+        name: parameter.default
+        for name, parameter in parameters.items()
+        if name not in ("structure", "progress", "runner", "ensemble_settings")
+    }
+    fields = {f.name: f.default for f in dataclasses.fields(MDRequest)}
+    assert fields.pop("ensemble_settings") is dataclasses.MISSING  # a factory: {}
+    assert fields == asked
+    assert set(RUN_KEYS) == {"structure", *asked} - {"config"}
+    request = MDRequest.from_arguments({"steps": 7, "reproducible": True, "tau_fs": 50.0})
+    assert request.ensemble_settings == {"tau_fs": 50.0}
+    assert MDRequest.from_arguments(request.arguments()) == request
+
+
+def test_fm_md_hands_each_keyword_to_its_request_under_its_own_name(monkeypatch):
+    """A distinct value for every keyword reaches the request's field of the same name (a
+    slip such as seed=steps in fm.md's hand-written call fails here). The first stage is
+    replaced by one that keeps the request and stops."""
+    import inspect
+
+    import fastmace as fm
+    from fastmace import api
+
+    class Stop(Exception):
+        pass
+
+    kept = {}
+
+    def keep(structure, request, runner, progress):
+        kept["request"] = request
+        raise Stop
+
+    monkeypatch.setattr(api, "_check_call", keep)
+    names = [
+        name
+        for name in inspect.signature(fm.md).parameters
+        if name not in ("structure", "progress", "runner", "ensemble_settings")
+    ]
+    given = {name: object() for name in [*names, "tau_fs"]}
+    with pytest.raises(Stop):
+        fm.md(None, **given)
+    arguments = kept["request"].arguments()
+    assert all(arguments[name] is value for name, value in given.items())

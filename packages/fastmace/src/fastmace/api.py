@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from fastmace.planner import EngineConfig, GuardConfig, Plan, Workload
     from fastmace.relaxation import RelaxResult
     from fastmace.runner import RunnerConfig
+    from fastmace.runs import MDRequest
     from fastmace.simulation import MDResult, RunSettings
 
 
@@ -335,23 +336,37 @@ def md(
     process (:mod:`fastmace.runner`): the structures are read here, the result comes back the
     same. Its ``environment`` goes to every child process of the run (also the gate's).
     """
-    # The keyword arguments as given (taken before any other local exists): what a child gets.
-    arguments = dict(locals())
-    for name in ("structure", "progress", "runner", "ensemble_settings"):
-        del arguments[name]
-    arguments.update(ensemble_settings)
-    call = _check_call(structure, arguments, ensemble_settings, runner, progress)
+    from fastmace.runs import MDRequest
+
+    request = MDRequest(
+        model=model, head=head, ensemble=ensemble, steps=steps, timestep_fs=timestep_fs,
+        output=output, seed=seed, repeat=repeat, replicas=replicas,
+        exchange_every=exchange_every, max_batch_atoms=max_batch_atoms, gpus=gpus,
+        initial_temperature_K=initial_temperature_K, trajectory_every=trajectory_every,
+        thermo_every=thermo_every, restart_every=restart_every,
+        trajectory_format=trajectory_format, device=device, dtype=dtype, backend=backend,
+        checkpoint=checkpoint, sha256=sha256, trusted=trusted, block_steps=block_steps,
+        skin_A=skin_A, graphs=graphs, compile=compile, matmul_precision=matmul_precision,
+        radial_table=radial_table, guard=guard, resume=resume, check=check,
+        reproducible=reproducible, dispersion=dispersion,
+        dispersion_functional=dispersion_functional, charge=charge, spin=spin,
+        config=config, temperature_schedule=temperature_schedule,
+        pressure_schedule=pressure_schedule, ensemble_settings=ensemble_settings,
+    )  # fmt: skip
+    call = _check_call(structure, request, runner, progress)
     if gpus is not None and not call.in_child_process:
         slots = _gpu_slots(gpus, device, call.runner)
         if len(slots) > 1:
             from fastmace.spread import run_spread
 
-            structures = call.request.structures
+            structures = call.checked.structures
+            arguments = call.asked.arguments()
             return run_spread(arguments, structures, slots, call.runner, progress or sys.stderr)
     if call.runner.subprocess and not call.in_child_process:
         from fastmace.runner import run_in_subprocess
 
-        return run_in_subprocess(arguments, call.request.units, call.runner, progress)
+        arguments = call.asked.arguments()
+        return run_in_subprocess(arguments, call.checked.units, call.runner, progress)
     settings, plan = _settings_and_plan(call)
     with _planned_environment(plan):
         prepared = _load_and_gate(call, plan, settings)
@@ -364,13 +379,12 @@ def md(
 
 @dataclasses.dataclass(frozen=True)
 class _Call:
-    """fm.md's request, checked before a model is loaded or a directory made: the keyword
-    arguments as given (what a child process gets), preflight's structures and units, the
-    one EngineConfig, the runner, and whether this process is a child of another run."""
+    """fm.md's request, checked before a model is loaded or a directory made: what was asked
+    (what a child process gets), preflight's structures and units, the one EngineConfig, the
+    runner, and whether this process is a child of another run."""
 
-    arguments: dict[str, Any]
-    ensemble_settings: dict[str, Any]
-    request: Any  # fastmace.preflight.CheckedRequest
+    asked: MDRequest
+    checked: Any  # fastmace.preflight.CheckedRequest
     config: EngineConfig
     runner: RunnerConfig
     child: Any  # fastmace.child_run's record, in a child process
@@ -383,8 +397,7 @@ class _Call:
 
 def _check_call(
     structure: Structure,
-    arguments: dict[str, Any],
-    ensemble_settings: dict[str, Any],
+    request: MDRequest,
     runner: RunnerConfig | None,
     progress: TextIO | None,
 ) -> _Call:
@@ -396,13 +409,14 @@ def _check_call(
     child = child_run.current()  # the runner's or a spread ladder's child (fastmace.child_run)
     called = time.perf_counter()
     for name in ("temperature_schedule", "pressure_schedule"):
-        if isinstance(arguments[name], TemperatureSchedule):  # plain data for a child process
-            arguments[name] = arguments[name].to_dict()
-    if arguments["check"] not in (None, "gate"):
-        raise ValueError(f"check must be None or 'gate', got {arguments['check']!r}")
-    if "capture" in ensemble_settings:
+        schedule = getattr(request, name)
+        if isinstance(schedule, TemperatureSchedule):  # plain data for a child process
+            request = dataclasses.replace(request, **{name: schedule.to_dict()})
+    if request.check not in (None, "gate"):
+        raise ValueError(f"check must be None or 'gate', got {request.check!r}")
+    if "capture" in request.ensemble_settings:
         raise TypeError("fm.md's capture= is now graphs=, the name EngineConfig and the plan use")
-    unknown = sorted(set(ensemble_settings) - set(setting_names()))
+    unknown = sorted(set(request.ensemble_settings) - set(setting_names()))
     if unknown:
         raise TypeError(
             f"fm.md got unknown arguments {', '.join(unknown)}; the ensemble settings are: "
@@ -412,19 +426,18 @@ def _check_call(
     if not isinstance(runner, RunnerConfig):
         raise TypeError(f"runner must be an fm.RunnerConfig or None, got {runner!r}")
     config = engine_config(
-        arguments["config"], **{name: arguments[name] for name in _ENGINE_KEYWORDS}
+        request.config, **{name: getattr(request, name) for name in _ENGINE_KEYWORDS}
     )
     # Charges for a label or template without a long-range part: refused before its file is
     # looked for.
-    model = arguments["model"]
-    _refuse_charge_for_local(model, _named_model_type(model), arguments["charge"],
-                             arguments["spin"])  # fmt: skip
-    request = check_request(structure, arguments, runner.environment, progress)
-    atoms = sum(len(one) for one in request.structures)
+    model = request.model
+    _refuse_charge_for_local(model, _named_model_type(model), request.charge, request.spin)
+    checked = check_request(structure, request.arguments(), runner.environment, progress)
+    atoms = sum(len(one) for one in checked.structures)
     if atoms >= SETUP_PROGRESS_ATOMS:  # as check_request's own note, in a child process too
         seconds = time.perf_counter() - called
         setup_note(progress, f"request checked in {seconds:.1f} s; planning, loading the model")
-    return _Call(arguments, dict(ensemble_settings), request, config, runner, child, called)
+    return _Call(request, checked, config, runner, child, called)
 
 
 # fm.md's keywords that are EngineConfig's fields of the same names.
@@ -442,18 +455,18 @@ def _settings_and_plan(call: _Call) -> tuple[RunSettings, Plan]:
     from fastmace.io import OutputSchedule
     from fastmace.simulation import RunSettings
 
-    given, settings = call.arguments, dict(call.ensemble_settings)
-    temperatures = given["temperature_schedule"]
+    given, settings = call.asked, dict(call.asked.ensemble_settings)
+    temperatures = given.temperature_schedule
     schedule = None if temperatures is None else TemperatureSchedule.coerce(temperatures)
     if schedule is not None and settings.get("temperature_K") is None:
         settings["temperature_K"] = schedule.points[0][1]  # the schedule's start
-    pressures = given["pressure_schedule"]
+    pressures = given.pressure_schedule
     pressures = None if pressures is None else PressureSchedule.coerce(pressures)
     if pressures is not None and settings.get("pressure_GPa") is None:
         settings["pressure_GPa"] = pressures.points[0][1]
-    chosen = make_ensemble(given["ensemble"], **settings)
-    output, resume = given["output"], given["resume"]
-    timestep_fs = given["timestep_fs"]
+    chosen = make_ensemble(given.ensemble, **settings)
+    output, resume = given.output, given.resume
+    timestep_fs = given.timestep_fs
     if timestep_fs is None:  # a resumed run keeps its timestep unless another is given
         from fastmace.batching import batch_directories
         from fastmace.resuming import saved_timestep_fs
@@ -461,34 +474,34 @@ def _settings_and_plan(call: _Call) -> tuple[RunSettings, Plan]:
         batches = batch_directories(output) if resume else []
         saved = saved_timestep_fs(batches[0] if batches else output) if resume else None
         timestep_fs = DEFAULT_TIMESTEP_FS if saved is None else saved
-    structures = call.request.structures
-    initial_temperature_K = given["initial_temperature_K"]
+    structures = call.checked.structures
+    initial_temperature_K = given.initial_temperature_K
     drawn_by_default = False  # the velocities are ours to choose (thermal_start.py)
     if initial_temperature_K is None and not resume:
         has_velocities = any(abs(atoms.get_velocities()).max() > 0 for atoms in structures)
         if not has_velocities:
             initial_temperature_K = settings.get("temperature_K")
             drawn_by_default = initial_temperature_K is not None
-    trajectory_every = given["trajectory_every"]
-    if given["trajectory_format"] == "none":
+    trajectory_every = given.trajectory_every
+    if given.trajectory_format == "none":
         trajectory_every = 0  # "none" writes no frames, whatever the interval says
     plan = _plan(
         structures, call.config, ensemble=chosen.name,
         temperature_K=chosen.settings.get("temperature_K"),
-        pressure_GPa=_pressure_GPa(chosen.settings), steps=given["steps"],
-        timestep_fs=timestep_fs, reproducible=given["reproducible"],
-        device=given["device"] or "auto", long_range=_is_long_range(given["model"]),
+        pressure_GPa=_pressure_GPa(chosen.settings), steps=given.steps,
+        timestep_fs=timestep_fs, reproducible=given.reproducible,
+        device=given.device or "auto", long_range=_is_long_range(given.model),
     )  # fmt: skip
     run = RunSettings(
-        ensemble=chosen, steps=given["steps"], timestep_fs=timestep_fs, seed=given["seed"],
-        schedule=OutputSchedule(trajectory_every, given["thermo_every"], given["restart_every"]),
+        ensemble=chosen, steps=given.steps, timestep_fs=timestep_fs, seed=given.seed,
+        schedule=OutputSchedule(trajectory_every, given.thermo_every, given.restart_every),
         initial_temperature_K=initial_temperature_K,
         start_at_equipartition=drawn_by_default,
-        trajectory_format=given["trajectory_format"], temperature_schedule=schedule,
-        pressure_schedule=pressures, dispersion=given["dispersion"],
-        dispersion_functional=given["dispersion_functional"],
-        exchange_every=given["exchange_every"], charge=call.request.charge,
-        spin=call.request.spin,
+        trajectory_format=given.trajectory_format, temperature_schedule=schedule,
+        pressure_schedule=pressures, dispersion=given.dispersion,
+        dispersion_functional=given.dispersion_functional,
+        exchange_every=given.exchange_every, charge=call.checked.charge,
+        spin=call.checked.spin,
     )  # fmt: skip
     return run, plan
 
@@ -511,26 +524,26 @@ def _load_and_gate(call: _Call, plan: Plan, settings: RunSettings) -> _Prepared:
     """Stage 3, the model: loaded as planned (and the plan made again with its facts), each
     system's charge and spin checked, and with check="gate" checked against mace-torch in a
     child process, a failing backend replaced by the next."""
-    given = call.arguments
+    given = call.asked
     tick = time.perf_counter()
     loaded, plan = _load_and_plan(
-        given["model"], plan, head=given["head"], checkpoint=given["checkpoint"],
-        sha256=given["sha256"], trusted=given["trusted"], seed=given["seed"],
+        given.model, plan, head=given.head, checkpoint=given.checkpoint,
+        sha256=given.sha256, trusted=given.trusted, seed=given.seed,
     )  # fmt: skip
     phases = {"load_s": time.perf_counter() - tick}  # with conversion and its checks
     phases.update({f"load_{part}": seconds for part, seconds in loaded.timings.items()})
     from fastmace.simulation import run_charges_and_spins
 
-    structures = call.request.structures
+    structures = call.checked.structures
     charges, spins = run_charges_and_spins(settings, loaded, structures)
     gate, fallbacks = None, []
-    if given["check"] == "gate":
+    if given.check == "gate":
         tick = time.perf_counter()
         from fastmace.gate import gate_with_fallback, reduced_structure
 
         engine = plan.engine_settings()
         candidates = list(dict.fromkeys(candidate.backend for candidate in plan.candidates()))
-        checked = reduced_structure(structures[0], call.request.units[0])
+        checked = reduced_structure(structures[0], call.checked.units[0])
         first = (charges[0], spins[0]) if charges and spins else (None, None)
         gated = gate_with_fallback(
             loaded, _gated_structure(checked.atoms, *first), candidates=candidates,
@@ -558,9 +571,9 @@ def _partition(call: _Call, prepared: _Prepared) -> _Parts:
     model never share one."""
     from fastmace.batching import saved_parts
 
-    given, config = call.arguments, call.config
-    structures, exchange_every = call.request.structures, given["exchange_every"]
-    resumed = saved_parts(given["output"], len(structures)) if given["resume"] else None
+    given, config = call.asked, call.config
+    structures, exchange_every = call.checked.structures, given.exchange_every
+    resumed = saved_parts(given.output, len(structures)) if given.resume else None
     parts = resumed or _batches(structures, config.max_batch_atoms, exchange_every)
     if resumed is not None:
         sizing = "Batches as recorded when the run started (batches.json)."
@@ -597,8 +610,8 @@ def _run_parts(
     from fastmace.runner import runner_record
     from fastmace.simulation import Simulation
 
-    given, structures = call.arguments, call.request.structures
-    output, resume = given["output"], given["resume"]
+    given, structures = call.asked, call.checked.structures
+    output, resume = given.output, given.resume
     common = dict(
         progress=progress, gate=prepared.gate, fallbacks=prepared.fallbacks,
         plan=prepared.plan, called=call.called,

@@ -1,4 +1,5 @@
-"""What a run is asked to do (:class:`RunSettings`) and what it did (:class:`MDResult`).
+"""What ``fm.md`` is asked (:class:`MDRequest`), what a run is set to do (:class:`RunSettings`)
+and what it did (:class:`MDResult`).
 
 Plain data, no torch: the entry points, the runner's parent process and tools read them
 without loading the engine.
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +28,82 @@ if TYPE_CHECKING:
     from fastmace.dynamics.replica_exchange import ReplicaExchange
     from fastmace.dynamics.thermal_start import ThermalStart
     from fastmace.models.load import LoadedModel
-    from fastmace.planner import EngineSettings, Plan
+    from fastmace.planner import EngineConfig, EngineSettings, Plan
+    from fastmace.planner.guard import GuardConfig
+
+
+@dataclass(frozen=True)
+class MDRequest:
+    """``fm.md``'s keyword arguments as the caller gave them (all but the structure, the
+    progress stream and the runner), with the same defaults.
+
+    The stages of ``fm.md`` read its fields; a child process (``subprocess=True``) or a spread
+    part (``gpus``) is handed :meth:`arguments`, the keyword arguments of the same call. The
+    ensemble's settings (``temperature_K``, ``tau_fs``...) are in ``ensemble_settings``:
+    which there are depends on the ensemble (fastmace.ensemble_catalog).
+    """
+
+    model: str | os.PathLike[str] = "demo-emt-cu"
+    head: str | None = None
+    ensemble: str = "nvt"
+    steps: int = 1000
+    timestep_fs: float | None = None
+    output: str | os.PathLike[str] | None = None
+    seed: int = 0
+    repeat: Sequence[int] | int | None = None
+    replicas: int = 1
+    exchange_every: int = 0
+    max_batch_atoms: int | None = None
+    gpus: int | str | None = None
+    initial_temperature_K: float | None = None
+    trajectory_every: int = 100
+    thermo_every: int = 100
+    restart_every: int = 10_000
+    trajectory_format: str = "auto"
+    device: str | None = None
+    dtype: str | None = None
+    backend: str | None = None
+    checkpoint: str | os.PathLike[str] | None = None
+    sha256: str | None = None
+    trusted: bool = False
+    block_steps: int | None = None
+    skin_A: float | None = None
+    graphs: bool | None = None
+    compile: bool | None = None
+    matmul_precision: str | None = None
+    radial_table: bool | None = None
+    guard: GuardConfig | bool | dict[str, float] | None = None
+    resume: bool = False
+    check: str | None = None
+    reproducible: bool = False
+    dispersion: str | None = None
+    dispersion_functional: str | None = None
+    charge: Any = None  # fastmace.charges.PerSystemValue
+    spin: Any = None
+    config: EngineConfig | None = None
+    temperature_schedule: Any = None
+    pressure_schedule: Any = None
+    ensemble_settings: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def keywords(cls) -> tuple[str, ...]:
+        """fm.md's named keyword arguments (a run config's keys besides the ensemble's)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "ensemble_settings")
+
+    def arguments(self) -> dict[str, Any]:
+        """The request as fm.md's keyword arguments, the ensemble's settings among them."""
+        given = {name: getattr(self, name) for name in self.keywords()}
+        return {**given, **self.ensemble_settings}
+
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any]) -> MDRequest:
+        """The request of fm.md's keyword ``arguments``: those it names, and the rest as the
+        ensemble's settings."""
+        named = set(cls.keywords())
+        return cls(
+            **{name: value for name, value in arguments.items() if name in named},
+            ensemble_settings={k: v for k, v in arguments.items() if k not in named},
+        )
 
 
 @dataclass(frozen=True)

@@ -27,20 +27,12 @@ from fastmace.ensemble_catalog import (
     per_system_settings,
     setting_names,
 )
+from fastmace.runs import MDRequest
 from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION, DEFAULT_TIMESTEP_FS, MATMUL_PRECISIONS
 
-# Keys of a run config (TOML) besides the ensemble settings: fm.md's other arguments.
-RUN_KEYS = (
-    "structure", "model", "head", "ensemble", "steps", "timestep_fs", "output", "seed",
-    "repeat", "replicas", "exchange_every", "max_batch_atoms", "gpus", "initial_temperature_K",
-    "trajectory_every",
-    "thermo_every", "restart_every",
-    "trajectory_format", "device", "dtype", "backend", "checkpoint", "sha256", "trusted",
-    "block_steps", "skin_A", "graphs", "compile", "matmul_precision", "radial_table", "resume",
-    "check", "guard",
-    "temperature_schedule", "pressure_schedule",
-    "dispersion", "dispersion_functional", "charge", "spin",
-)  # fmt: skip
+# Keys of a run config (TOML) besides the ensemble settings: the structure and fm.md's other
+# arguments, but config (an fm.EngineConfig object: a run config gives its fields as keys).
+RUN_KEYS = ("structure", *(key for key in MDRequest.keywords() if key != "config"))
 # Keys that make the fm.RunnerConfig: run in a child process, extra variables for children.
 RUNNER_KEYS = ("subprocess", "environment")
 
