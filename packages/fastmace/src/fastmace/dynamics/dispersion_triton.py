@@ -26,8 +26,7 @@ BLOCK = 128  # edges an atom's program handles at once
 # passes a Python float as a float32 scalar, and a cutoff rounded to float32 moves pairs
 # across it (5e-5 relative in the energy at 13,824 atoms on the H200).
 CONSTANTS = ("bohr", "hartree", "steepness", "cutoff2", "cn_cutoff2", "a1", "a2", "s6", "s8")
-REFERENCES = 5  # reference coordination numbers per element
-REFERENCE_LANES = 8  # the five, padded to a power of two
+REFERENCE_LANES = 8  # five reference coordination numbers per element, padded to a power of two
 
 
 @triton.jit

@@ -21,32 +21,8 @@ __all__ = [
     "EV_PER_AMU_A2_PER_FS2",
     "FS_PER_PS",
     "KB_EV_PER_K",
-    "bar_to_ev_per_a3",
-    "gpa_to_ev_per_a3",
-    "kelvin_to_ev",
     "per_gpa_to_a3_per_ev",
-    "per_ps_to_per_fs",
 ]
-
-
-def kelvin_to_ev(temperature_K: float) -> float:
-    """kT in eV for a temperature in K."""
-    return KB_EV_PER_K * temperature_K
-
-
-def per_ps_to_per_fs(rate_per_ps: float) -> float:
-    """A rate (friction) given in 1/ps, in 1/fs."""
-    return rate_per_ps / FS_PER_PS
-
-
-def gpa_to_ev_per_a3(pressure_GPa: float) -> float:
-    """A pressure or stress in GPa, in eV/Å^3."""
-    return pressure_GPa * EV_PER_A3_PER_GPA
-
-
-def bar_to_ev_per_a3(pressure_bar: float) -> float:
-    """A pressure or stress in bar, in eV/Å^3."""
-    return pressure_bar * EV_PER_A3_PER_BAR
 
 
 def per_gpa_to_a3_per_ev(compressibility_per_GPa: float) -> float:
