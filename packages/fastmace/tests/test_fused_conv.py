@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,23 +83,20 @@ def test_a_potential_on_the_fused_convolution_gives_mace_torchs_results(name):
         assert_matches_reference(model_of(name, torch.float64), structures, output, state)
 
 
+# The child reads the couplings this process read from the same templates (compare): it need
+# not convert MP-0 medium to cuEquivariance again, 40 s of the test's 80 on CI's CPU.
 COMPARE = """
 import json, torch
 from fastmace.dynamics import conv_triton
-from fastmace.dynamics.fused_conv import (
-    convolve_backward_reference, convolve_reference, coupling_of,
-)
-from fastmace.models import backends
-from fastmace.models.templates import template
-from fastmace.models.templates import template
+from fastmace.dynamics.fused_conv import convolve_backward_reference, convolve_reference
 
 report = {{}}
 generator = torch.Generator().manual_seed(0)
+couplings = torch.load({couplings!r}, weights_only=True)
 for name in ("tiny", "mp0-medium"):
-    block = backends.convert(template(name), "cueq").interactions[1]
-    coupling = coupling_of(block)
-    d1, d2, d3 = coupling.coefficients.shape
-    channels, paths = coupling.channels, coupling.paths
+    coupling = couplings[name]
+    d1, d2, d3 = coupling["coefficients"].shape
+    channels, paths = coupling["channels"], int(coupling["path_of"].max()) + 1
     for dtype in (torch.float64, torch.float32):
         # Plain rows with no padding atom; pair rows (E/2) with one, as a Potential has.
         for skip, halves in ((0, 1), (1, 2)):
@@ -110,8 +108,8 @@ for name in ("tiny", "mp0-medium"):
             index[:, edges // 2 - 3 : edges // 2] = atoms - 1 if skip else index[:, :3]
             index[:, edges - 3 :] = atoms - 1 if skip else index[:, 3:6]
             x, y, w, g, index = (t.to({device!r}) for t in (x, y, w, g, index))
-            t = coupling.coefficients.to({device!r}, dtype)
-            paths_of = coupling.path_of.to({device!r})
+            t = coupling["coefficients"].to({device!r}, dtype)
+            paths_of = coupling["path_of"].to({device!r})
             receiver_runs = conv_triton.runs(index[1], atoms)
             want = [convolve_reference(x, y, w, t, paths_of, index, skip)]
             got = [conv_triton.forward(x, y, w, t, paths_of, index[0], receiver_runs, skip)]
@@ -125,8 +123,18 @@ print(json.dumps(report))
 """
 
 
-def compare(env: dict[str, str], device: str) -> dict[str, list[float]]:
-    return python_report(COMPARE.format(device=device), env)
+COUPLED = ("tiny", "mp0-medium")  # each one's second block, whose coupling the child reads
+
+
+def compare(env: dict[str, str], device: str, directory: Path) -> dict[str, list[float]]:
+    couplings = {}
+    for name in COUPLED:
+        coupling = coupling_of(cueq_model(name, torch.float64).interactions[1])
+        couplings[name] = {"coefficients": coupling.coefficients, "path_of": coupling.path_of,
+                           "channels": coupling.channels}  # fmt: skip
+    path = directory / "couplings.pt"
+    torch.save(couplings, path)
+    return python_report(COMPARE.format(device=device, couplings=str(path)), env)
 
 
 def assert_kernels_agree(report: dict[str, list[float]]) -> None:
@@ -136,8 +144,8 @@ def assert_kernels_agree(report: dict[str, list[float]]) -> None:
         assert len(errors) == 4 and all(error <= rounding for error in errors), (case, errors)
 
 
-def test_the_kernels_match_the_torch_formulas_in_the_interpreter(clean_env):
-    assert_kernels_agree(compare({**clean_env, "TRITON_INTERPRET": "1"}, "cpu"))
+def test_the_kernels_match_the_torch_formulas_in_the_interpreter(clean_env, tmp_path):
+    assert_kernels_agree(compare({**clean_env, "TRITON_INTERPRET": "1"}, "cpu", tmp_path))
 
 
 def test_the_kernels_compile_for_hopper(monkeypatch):
@@ -148,7 +156,10 @@ def test_the_kernels_compile_for_hopper(monkeypatch):
     compiled: list[str] = []
     for name in names:
         monkeypatch.setattr(kernels, name, CompileForHopper(getattr(kernels, name), compiled))
-    coupling = coupling_of(cueq_model("mp0-medium", torch.float32).interactions[1])
+    # The float64 conversion the other tests use (converting MP-0 medium again in float32 took
+    # 37 s): the kernels compile for the coefficients' shapes and the argument dtypes, and the
+    # arguments are float32 here.
+    coupling = coupling_of(cueq_model("mp0-medium", torch.float64).interactions[1])
     d1, d2, d3 = coupling.coefficients.shape
     c, p = coupling.channels, coupling.paths
     atoms, edges = 5, 8
@@ -163,8 +174,8 @@ def test_the_kernels_compile_for_hopper(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_the_gpu_the_kernels_and_the_potential_agree(clean_env):
-    assert_kernels_agree(compare(clean_env, "cuda"))
+def test_on_the_gpu_the_kernels_and_the_potential_agree(clean_env, tmp_path):
+    assert_kernels_agree(compare(clean_env, "cuda", tmp_path))
     model = cueq_model("mp0-medium", torch.float64, "cuda")
     structures = [copper_supercell(), triclinic_mixed(), cluster()]
     state = State.from_atoms(structures, device="cuda")
