@@ -227,7 +227,7 @@ def test_captured_relaxation_on_the_gpu_matches_the_eager_one(cell):
         np.testing.assert_allclose(captured.cell[:], eager.cell[:], atol=1e-9)
 
 
-def test_a_relaxation_compiles_when_its_plan_says_so(tmp_path, monkeypatch):
+def test_a_relaxation_compiles_when_its_plan_says_so(tmp_path, monkeypatch, one_interaction_copper):
     """fm.relax's plan carries compile to the potential, as Simulation's does: here a compute
     node without a C++ compiler, so the attempt fails for real and the chosen compilation
     falls back, which shows that it was tried (before, relax dropped the setting)."""
@@ -247,9 +247,12 @@ def test_a_relaxation_compiles_when_its_plan_says_so(tmp_path, monkeypatch):
         torch._inductor.config.patch(missing_compiler),
         pytest.warns(RuntimeWarning, match="could not compile this model.*runs uncompiled"),
     ):
+        # conftest's one-interaction copper model: Dynamo traces all of a model before Inductor
+        # fails, and this one has a third of the demo's operators (34 s with the demo).
         relaxation = Relaxation(
-            load("demo-emt-cu"), [copper(1)], FireSettings(fmax=0.05), max_steps=5, engine=engine
-        )
+            load(one_interaction_copper), [copper(1)], FireSettings(fmax=0.05), max_steps=5,
+            engine=engine,
+        )  # fmt: skip
     assert "no-such-c++" in (relaxation.potential.compile_failure or "")
     assert not relaxation.potential.compiled
 
