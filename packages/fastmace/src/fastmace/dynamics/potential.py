@@ -69,6 +69,7 @@ from fastmace.dynamics.polar import (
     per_system_values,
     polar_graph,
 )
+from fastmace.dynamics.product_basis import product_basis_model
 from fastmace.dynamics.radial_table import (
     RadialTable,
     TableError,
@@ -155,6 +156,11 @@ class Potential(torch.nn.Module):
             ``ConvolutionError`` for a block it does not compute (it needs a cuEquivariance
             model, whose features' layout is the kernel's). Under evaluation: the planner does
             not choose it yet (docs/validation/performance.md).
+        product_basis: each product block's symmetric contraction runs as FastMACE's own
+            kernel (dynamics/product_basis.py) instead of cuEquivariance's, with coefficients
+            for the run's elements; raises ``ProductBasisError`` for a block it does not
+            compute (a model on another backend). Under evaluation: the planner does not
+            choose it yet (docs/design/product-basis.md).
         edge_chunk_rows: when the edges (or, with mirrored edges, the pairs) outnumber it,
             each interaction block works through them this many at a time
             (dynamics/edge_chunks.py), so that memory grows with the atoms and not with a full
@@ -181,6 +187,7 @@ class Potential(torch.nn.Module):
         radial_table: bool = False,
         radial_table_fallback: bool = False,
         fused_convolution: bool = False,
+        product_basis: bool = False,
         edge_chunk_rows: int | str | None = None,
     ) -> None:
         super().__init__()
@@ -209,11 +216,15 @@ class Potential(torch.nn.Module):
                 "compile off, or edge_chunk_rows None"
             )
         if self.long_range and (
-            compile or radial_table or fused_convolution or isinstance(edge_chunk_rows, int)
+            compile
+            or radial_table
+            or fused_convolution
+            or product_basis
+            or isinstance(edge_chunk_rows, int)
         ):
             setting = next(name for name, value in (
                 ("compile", compile), ("radial_table", radial_table),
-                ("fused_convolution", fused_convolution),
+                ("fused_convolution", fused_convolution), ("product_basis", product_basis),
                 ("edge_chunk_rows", isinstance(edge_chunk_rows, int))) if value)  # fmt: skip
             raise UnsupportedModelError(
                 f"a {type(model).__name__} runs eagerly and as trained in FastMACE: "
@@ -240,6 +251,8 @@ class Potential(torch.nn.Module):
                 # The last padding node has edges to itself only: no messages needed (the
                 # others' messages are computed and reach only padding nodes).
                 self.model = fused_convolution_model(self.model, skip=1)
+            if product_basis:
+                self.model = product_basis_model(self.model, (*self.species, self.model_species[0]))
             # The same weights with the radial MLPs run once per pair, for mirrored edges
             # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
             self.pair_model = pair_shared_model(self.model)

@@ -1,0 +1,244 @@
+"""FastMACE's own product basis (dynamics/product_basis.py, product_triton.py): the polynomial
+read from each block is the block's symmetric contraction; the backward formula is the
+gradient; the Triton kernels give the torch formulas' numbers in Triton's interpreter (CPU)
+and compile for Hopper; a Potential that contracts with them gives mace-torch's float64
+energies, forces and stresses."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CompileForHopper, python_report
+from test_potential import (
+    ase_edges,
+    assert_matches_reference,
+    cluster,
+    copper_supercell,
+    model_of,
+    triclinic_mixed,
+)
+
+from fastmace.dynamics.potential import Potential, UnsupportedModelError
+from fastmace.dynamics.product_basis import (
+    ProductBasis,
+    ProductBasisError,
+    contract_backward_reference,
+    contract_reference,
+    derivative_entries,
+    polynomial_of,
+    product_basis_model,
+    product_disagreement,
+)
+from fastmace.dynamics.state import State
+from fastmace.models import backends
+from fastmace.models.templates import template
+
+SPECIES = [29, 8, 6, 1]
+
+
+@functools.cache
+def cueq_model(name: str, dtype: torch.dtype) -> torch.nn.Module:
+    return backends.convert(model_of(name, dtype), "cueq", "cpu")
+
+
+# Correlation 3, as the foundation models' product blocks (vector and scalar out), made as a
+# converted model makes them (cuEquivariance's module, mace's reduced basis), for three
+# elements. Features to l = 2 rather than MP-0 medium's 3: cuEquivariance takes 30 s to
+# describe that block on CI's CPU, 6 s this one; 40 channels make two tiles of the kernels,
+# the second partial.
+CORRELATION_3 = {
+    "l2/vector": ("40x0e+40x1o+40x2e", "40x0e+40x1o", 3),
+    "l2/scalar": ("40x0e+40x1o+40x2e", "40x0e", 3),
+}
+
+
+@functools.cache
+def contraction(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, list[int]]:
+    """A product block's symmetric contraction and the element indices the tests keep."""
+    if name.startswith("tiny/"):
+        model = cueq_model("tiny", dtype)
+        numbers = [int(z) for z in model.atomic_numbers]
+        kept = sorted(numbers.index(z) for z in SPECIES)
+        return model.products[int(name[-1])].symmetric_contractions, kept
+    import cuequivariance as cue
+    import cuequivariance_torch as cuet
+
+    irreps_in, irreps_out, degree = CORRELATION_3[name]
+    torch.manual_seed(0)
+    module = cuet.SymmetricContraction(
+        cue.Irreps("O3", irreps_in), cue.Irreps("O3", irreps_out), contraction_degree=degree,
+        num_elements=3, layout_in=cue.ir_mul, layout_out=cue.ir_mul, dtype=dtype,
+        math_dtype=dtype,
+    )  # fmt: skip
+    return module, [0, 2]
+
+
+CONTRACTIONS = ("tiny/0", "tiny/1", *CORRELATION_3)
+
+
+@pytest.mark.parametrize("name", CONTRACTIONS)
+def test_the_polynomial_read_from_each_block_is_what_the_block_computes(name):
+    float32 = [(torch.float32, 1e-5)] if name != "l2/vector" else []  # the 6 s once is enough
+    for dtype, rounding in [(torch.float64, 1e-13), *float32]:
+        module, kept = contraction(name, dtype)
+        polynomial = polynomial_of(module, kept)
+        assert product_disagreement(module, polynomial) <= rounding
+        # Only monomials that occur are kept, each of degree <= the correlation order.
+        assert polynomial.monomials.shape[1] == module.contraction_degree
+        assert (polynomial.coefficients.abs().amax(dim=(0, 1, 3)) > 0).all()
+
+
+def test_a_polynomial_with_one_coefficient_changed_fails_the_check():
+    """The check can fail: the same polynomial with one coefficient altered by 1e-6 of the
+    largest is refused at float64's bound."""
+    module, kept = contraction("l2/vector", torch.float64)
+    polynomial = polynomial_of(module, kept)
+    changed = polynomial.coefficients.clone()
+    changed[0, 0, 0, 0] += 1e-6 * changed.abs().max()
+    altered = type(polynomial)(polynomial.monomials, changed, polynomial.rows, polynomial.inputs)
+    assert product_disagreement(module, altered) > 1e-12
+
+
+def test_an_e3nn_block_is_refused_with_the_reason():
+    with pytest.raises(ProductBasisError, match="not cuEquivariance's SymmetricContraction"):
+        product_basis_model(model_of("tiny", torch.float64), SPECIES)
+
+
+def test_a_long_range_model_refuses_the_product_basis_instead_of_dropping_it():
+    with pytest.raises(UnsupportedModelError, match="leave product_basis off"):
+        Potential(template("polar-tiny", dtype=torch.float32), [1, 8], product_basis=True)
+
+
+def test_the_backward_formula_is_the_gradient_of_the_forward():
+    """contract_backward_reference (the derivative tables, as the kernel reads them) against
+    autograd through contract_reference; a node of an element the run lacks gets NaN."""
+    polynomial = polynomial_of(*contraction("l2/vector", torch.float64))
+    entries, offsets = derivative_entries(polynomial.monomials, polynomial.inputs)
+    generator = torch.Generator().manual_seed(0)
+    atoms, rows = 6, torch.tensor([0, 1, 0, 1, 0, -1], dtype=torch.int32)
+    x = torch.randn((atoms, polynomial.inputs, polynomial.channels), generator=generator,
+                    dtype=torch.float64, requires_grad=True)  # fmt: skip
+    grad = torch.randn((atoms, polynomial.outputs, polynomial.channels), generator=generator,
+                       dtype=torch.float64)  # fmt: skip
+    out = contract_reference(x, rows, polynomial.monomials, polynomial.coefficients)
+    assert out[-1].isnan().all() and out[:-1].isfinite().all()
+    (want,) = torch.autograd.grad(out[:-1], x, grad[:-1])
+    found = contract_backward_reference(grad, x.detach(), rows, polynomial.coefficients, entries,
+                                        offsets)  # fmt: skip
+    assert found[-1].isnan().all()
+    assert torch.allclose(found[:-1], want[:-1], rtol=1e-12, atol=1e-12 * want.abs().max())
+
+
+# The child reads the polynomials this process read (compare) and runs the kernels on them.
+COMPARE = """
+import json, torch
+from fastmace.dynamics import product_triton
+from fastmace.dynamics.product_basis import contract_backward_reference, contract_reference
+
+report = {{}}
+generator = torch.Generator().manual_seed(0)
+polynomials = torch.load({polynomials!r}, weights_only=True)
+for name, p in polynomials.items():
+    monomials, coefficients = p["monomials"].to({device!r}), p["coefficients"]
+    entries, offsets = p["entries"].to({device!r}), p["offsets"].to({device!r})
+    rows_kept, outputs, _, channels = coefficients.shape
+    for dtype in (torch.float64, torch.float32):
+        atoms = 5
+        x = torch.randn((atoms, p["inputs"], channels), generator=generator, dtype=dtype)
+        g = torch.randn((atoms, outputs, channels), generator=generator, dtype=dtype)
+        rows = torch.randint(0, rows_kept, (atoms,), generator=generator, dtype=torch.int32)
+        rows[-1] = -1  # an element the run does not have: NaN
+        x, g, rows = x.to({device!r}), g.to({device!r}), rows.to({device!r})
+        t = coefficients.to({device!r}, dtype)
+        want = [contract_reference(x, rows, monomials, t),
+                contract_backward_reference(g, x, rows, t, entries, offsets)]
+        got = [product_triton.forward(x, rows, monomials, t),
+               product_triton.backward(g, x, rows, t, entries, offsets)]
+        report[f"{{name}} {{dtype}}"] = [
+            [float((a[:-1] - b[:-1]).abs().max() / b[:-1].abs().max()) for a, b in zip(got, want)],
+            [bool(a[-1].isnan().all()) for a in got],
+        ]
+print(json.dumps(report))
+"""
+
+
+def polynomials_for_the_kernels() -> dict[str, dict]:
+    """Each block of the tiny template (correlation 2) and both of correlation 3 (1 and 4
+    outputs per channel), as plain tensors a child process can load."""
+    found = {}
+    for name in CONTRACTIONS:
+        p = polynomial_of(*contraction(name, torch.float64))
+        entries, offsets = derivative_entries(p.monomials, p.inputs)
+        found[name] = {
+            "monomials": p.monomials, "coefficients": p.coefficients, "inputs": p.inputs,
+            "entries": entries, "offsets": offsets,
+        }  # fmt: skip
+    return found
+
+
+def compare(env: dict[str, str], device: str, directory: Path) -> dict:
+    path = directory / "polynomials.pt"
+    torch.save(polynomials_for_the_kernels(), path)
+    return python_report(COMPARE.format(device=device, polynomials=str(path)), env)
+
+
+def assert_kernels_agree(report: dict) -> None:
+    assert len(report) == 8
+    for case, (errors, nan_where_no_row) in report.items():
+        rounding = 1e-5 if "float32" in case else 1e-13  # summation order
+        assert all(error <= rounding for error in errors), (case, errors)
+        assert all(nan_where_no_row), case
+
+
+def test_the_kernels_match_the_torch_formulas_in_the_interpreter(clean_env, tmp_path):
+    assert_kernels_agree(compare({**clean_env, "TRITON_INTERPRET": "1"}, "cpu", tmp_path))
+
+
+def test_the_kernels_compile_for_hopper(monkeypatch):
+    """Triton's whole pipeline down to an sm_90 cubin, at the sizes of MP-0 medium's first
+    product block (410 monomials of 16 components, 4 outputs, 128 channels: what it compiles
+    depends on the sizes and dtypes alone, so the tables here hold zeros)."""
+    from fastmace.dynamics import product_triton as kernels
+
+    names = ("_product_forward", "_product_backward")
+    compiled: list[str] = []
+    for name in names:
+        monkeypatch.setattr(kernels, name, CompileForHopper(getattr(kernels, name), compiled))
+    inputs, outputs, channels, monomials = 16, 4, 128, 410
+    table = torch.zeros((monomials, 3), dtype=torch.int32)
+    coefficients = torch.zeros((2, outputs, monomials, channels))
+    entries, offsets = derivative_entries(table, inputs)
+    x, rows = torch.zeros(5, inputs, channels), torch.zeros(5, dtype=torch.int32)
+    kernels.forward(x, rows, table, coefficients)
+    kernels.backward(torch.zeros(5, outputs, channels), x, rows, coefficients, entries, offsets)
+    assert compiled == list(names)
+
+
+# Correlation 2 with a vector output (tiny), and 3 (MP-0 small: 16 s to convert, MP-0 medium
+# 40 s; its blocks' shapes are checked above).
+@pytest.mark.parametrize("name", ["tiny", "mp0-small"])
+def test_a_potential_on_the_own_product_basis_gives_mace_torchs_results(name):
+    model = cueq_model(name, torch.float64)
+    structures = [copper_supercell(), triclinic_mixed(), cluster()]
+    state = State.from_atoms(structures)
+    potential = Potential(model, SPECIES, product_basis=True)
+    blocks = [block.symmetric_contractions for block in potential.model.products]
+    assert all(isinstance(block, ProductBasis) for block in blocks)
+    output = potential(state, ase_edges(state, potential.r_max, 1.5), compute_stress=True)
+    # Against the e3nn model mace-torch builds, one structure at a time.
+    assert_matches_reference(model_of(name, torch.float64), structures, output, state)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_the_gpu_the_kernels_and_the_potential_agree(clean_env, tmp_path):
+    assert_kernels_agree(compare(clean_env, "cuda", tmp_path))
+    model = backends.convert(model_of("mp0-medium", torch.float64), "cueq", "cuda")
+    structures = [copper_supercell(), triclinic_mixed(), cluster()]
+    state = State.from_atoms(structures, device="cuda")
+    potential = Potential(model, SPECIES, product_basis=True)
+    output = potential(state, ase_edges(state, potential.r_max, 1.5), compute_stress=True)
+    assert_matches_reference(model_of("mp0-medium", torch.float64), structures, output, state)
