@@ -67,6 +67,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 66  # compiled warm start fixed; AOTI's loader direct
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 67  # stage 66's first half (the device time left)
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 68  # why a regrown list recompiles on CUDA
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 69  # the own product basis: tests, kernels
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1003,6 +1004,17 @@ PY
   echo "logged warm run: exit $?"
   grep -vE "^import time" "$OUT/recompiles.log" | grep -iE "recompil|guard|break|start-up" | cut -c1-400 | head -20
   grep -E "^import time" "$OUT/recompiles.log" | sort -t'|' -k2 -n | tail -12
+  ;;
+69)
+  # Issue 30's product basis (dynamics/product_basis.py, product_triton.py), tested only in
+  # Triton's interpreter so far: its GPU test (kernels compiled against the torch formulas, a
+  # Potential against mace-torch), then each block against cuEquivariance's on the same inputs
+  # and the whole potential with either, captured, at three sizes.
+  gpu_tests 69 150 "$tests/test_product_basis.py"
+  timeout 300 python3 benchmarks/product_kernels.py --atoms 216,1728,13824 \
+    --out "$OUT/product" > "$OUT/product_kernels.log" 2>&1
+  echo "product kernels: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/product_kernels.log"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
