@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -101,6 +102,22 @@ def workload(**changes: Any) -> Workload:
         "temperatures_K": 300.0,
     }
     return Workload(**{**fields, **changes})
+
+
+PlanFor = Callable[..., Plan]
+
+
+@pytest.fixture
+def plan_for() -> PlanFor:
+    """The planner set-up the tests share: ``plan_for(config=None, found=EVERYTHING,
+    **changes)`` is the plan of ``workload(**changes)`` forced by ``config`` on ``found``."""
+
+    def plan(
+        config: EngineConfig | None = None, found: Availabilities = EVERYTHING, **changes: Any
+    ) -> Plan:
+        return make_plan(workload(**changes), config, found)
+
+    return plan
 
 
 # -- the matrix -------------------------------------------------------------------------------
@@ -630,17 +647,17 @@ IMPOSSIBLE = [
 
 
 @pytest.mark.parametrize("case", IMPOSSIBLE, ids=[case[0] for case in IMPOSSIBLE])
-def test_impossible_settings_raise_with_the_reason(case: tuple) -> None:
+def test_impossible_settings_raise_with_the_reason(case: tuple, plan_for: PlanFor) -> None:
     _, changes, config, found, words = case
     with pytest.raises(PlanError) as error:
-        make_plan(workload(**changes), config, found)
+        plan_for(config=config, found=found, **changes)
     for word in words:
         assert word in str(error.value)
 
 
-def test_a_long_range_model_runs_eagerly_on_e3nn_even_on_a_gpu() -> None:
+def test_a_long_range_model_runs_eagerly_on_e3nn_even_on_a_gpu(plan_for: PlanFor) -> None:
     # A run long enough that a local model's plan would compile it on cuEq.
-    plan = make_plan(workload(long_range=True, steps=10_000_000), None, EVERYTHING)
+    plan = plan_for(long_range=True, steps=10_000_000)
     backend, graphs, compiled = (plan.decision(n) for n in ("backend", "graphs", "compile"))
     assert (backend.value, backend.source) == ("e3nn", "rule")
     assert "long-range" in backend.reason and "docs/validation/polar.md" in backend.reason
@@ -649,15 +666,15 @@ def test_a_long_range_model_runs_eagerly_on_e3nn_even_on_a_gpu() -> None:
     assert plan.fallbacks == ()  # no slower backend, and nothing captured to give up
     settings = plan.engine_settings()
     assert (settings.backend, settings.graphs, settings.compile) == ("e3nn", False, False)
-    local = make_plan(workload(steps=10_000_000), None, EVERYTHING)
+    local = plan_for(steps=10_000_000)
     assert (local.backend, local.decision("compile").value) == ("cueq", True)
 
 
 # -- fallbacks --------------------------------------------------------------------------------
 
 
-def test_candidates_walk_the_fallbacks_in_order() -> None:
-    plan = make_plan(workload(), None, EVERYTHING)
+def test_candidates_walk_the_fallbacks_in_order(plan_for: PlanFor) -> None:
+    plan = plan_for()
     candidates = list(plan.candidates())
     assert [(c.backend, c.graphs) for c in candidates] == [
         ("cueq", True),
@@ -672,24 +689,24 @@ def test_candidates_walk_the_fallbacks_in_order() -> None:
     assert candidates[3].decision("dtype") == plan.decision("dtype")  # the rest is unchanged
 
 
-def test_fallbacks_skip_unavailable_backends() -> None:
+def test_fallbacks_skip_unavailable_backends(plan_for: PlanFor) -> None:
     found = machine(cueq=NO_OPS)  # hybrid available (as a test of the order), cueq not
-    plan = make_plan(workload(), None, found)
+    plan = plan_for(found=found)
     assert [(f.name, f.value) for f in plan.fallbacks] == [("backend", "e3nn"), ("graphs", False)]
 
 
 # -- the records ------------------------------------------------------------------------------
 
 
-def test_plan_and_inputs_are_frozen() -> None:
-    plan = make_plan(workload(), None, EVERYTHING)
+def test_plan_and_inputs_are_frozen(plan_for: PlanFor) -> None:
+    plan = plan_for()
     for record, field in ((plan, "decisions"), (plan.workload, "steps"), (plan.config, "dtype")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(record, field, None)
 
 
-def test_engine_settings_carry_every_engine_decision() -> None:
-    plan = make_plan(workload(), None, EVERYTHING)
+def test_engine_settings_carry_every_engine_decision(plan_for: PlanFor) -> None:
+    plan = plan_for()
     assert plan.engine_settings() == EngineSettings(
         device="cuda", backend="cueq", dtype="float32", block_steps=50, skin_A=0.5,
         edge_capacity=None, headroom=1.25, graphs=True, compile=False, compile_fallback=True,
@@ -699,15 +716,15 @@ def test_engine_settings_carry_every_engine_decision() -> None:
         backend="hybrid", dtype="float32", graphs=False, compile=True, edge_capacity=999,
         headroom=2.0, skin_A=0.25, block_steps=7, matmul_precision="tf32",
     )  # fmt: skip
-    settings = make_plan(workload(), forced, EVERYTHING).engine_settings()
+    settings = plan_for(config=forced).engine_settings()
     # Every engine setting an EngineConfig can force comes out, under the same name.
     assert {name: getattr(settings, name) for name in forced.forced()} == forced.forced()
     # What the user forced fails loudly; only the planner's own choice falls back.
     assert not settings.compile_fallback
 
 
-def test_unknown_decision_names_what_the_plan_decides() -> None:
-    plan = make_plan(workload(), None, EVERYTHING)
+def test_unknown_decision_names_what_the_plan_decides(plan_for: PlanFor) -> None:
+    plan = plan_for()
     with pytest.raises(KeyError, match="it decides: device, backend"):
         plan.decision("threads")
 
@@ -849,7 +866,9 @@ def test_planning_imports_neither_torch_nor_md_nor_models(clean_env) -> None:
     "unavailable",
     [(), ("cueq",), ("hybrid",), ("cueq", "hybrid"), ("oeq", "hybrid"), ("cueq", "oeq", "hybrid")],
 )
-def test_fm_load_and_the_planner_pick_the_same_backend(unavailable: tuple[str, ...]) -> None:
+def test_fm_load_and_the_planner_pick_the_same_backend(
+    unavailable: tuple[str, ...], plan_for: PlanFor
+) -> None:
     """fm.load(backend="auto") (and so fm.calculator) and fm.md's plan run the same kernels."""
     from fastmace.models import backends
     from fastmace.models.load import choose_backend
@@ -860,15 +879,15 @@ def test_fm_load_and_the_planner_pick_the_same_backend(unavailable: tuple[str, .
         status = found.backend(backend, device)
         return backends.Availability(backend, status.available, status.reason)
 
-    plan = make_plan(workload(), None, found)
+    plan = plan_for(found=found)
     assert choose_backend("auto", "cuda", availability)[0] == plan.backend
     assert (
         choose_backend("auto", "cpu", availability)[0]
-        == make_plan(workload(device="cpu"), None, found).backend
+        == plan_for(found=found, device="cpu").backend
     )
 
 
-def test_probe_describes_this_machine() -> None:
+def test_probe_describes_this_machine(plan_for: PlanFor) -> None:
     import torch
 
     from fastmace.machine import probe_availabilities
@@ -881,12 +900,12 @@ def test_probe_describes_this_machine() -> None:
     assert not found.cpu["hybrid"].available
     assert found.environment == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"}
     json.dumps(found.to_dict())
-    plan = make_plan(workload(), None, found)
+    plan = plan_for(found=found)
     if not found.gpu:
         assert (plan.device, plan.backend) == ("cpu", "e3nn")
 
 
-def test_radial_tables_by_default_where_the_model_allows_them() -> None:
+def test_radial_tables_by_default_where_the_model_allows_them(plan_for: PlanFor) -> None:
     tabulable = workload(tabulable_radials=True)
     chosen = make_plan(tabulable, None, EVERYTHING)
     assert chosen.radial_table and chosen.engine_settings().radial_table
@@ -900,7 +919,7 @@ def test_radial_tables_by_default_where_the_model_allows_them() -> None:
         ({"tabulable_radials": True, "precision": "float64"}, "float32 runs on CUDA"),
         ({"tabulable_radials": True, "long_range": True}, "long-range"),
     ):
-        plain = make_plan(workload(**changes), None, EVERYTHING)
+        plain = plan_for(**changes)
         decision = plain.decision("radial_table")
         assert (decision.value, decision.source) == (False, "rule"), changes
         assert words in decision.reason, (changes, decision.reason)
@@ -908,7 +927,7 @@ def test_radial_tables_by_default_where_the_model_allows_them() -> None:
     # Turned off, or forced where the rule would not choose it.
     off = make_plan(tabulable, EngineConfig(radial_table=False), EVERYTHING)
     assert not off.radial_table and off.decision("radial_table").source == "forced"
-    forced = make_plan(workload(), EngineConfig(radial_table=True), EVERYTHING)
+    forced = plan_for(config=EngineConfig(radial_table=True))
     assert forced.radial_table and not forced.engine_settings().radial_table_fallback
     # On e3nn with compile forced, the rule leaves the tables out instead of refusing.
     e3nn = make_plan(tabulable, EngineConfig(backend="e3nn", compile=True), EVERYTHING)
@@ -922,11 +941,11 @@ def test_compile_cost_record_must_be_seconds() -> None:
     assert workload(compile_cost_s=0).compile_cost_s == 0
 
 
-def test_matmul_precision_is_float32_unless_tf32_is_forced() -> None:
-    plain = make_plan(workload(), None, EVERYTHING)
+def test_matmul_precision_is_float32_unless_tf32_is_forced(plan_for: PlanFor) -> None:
+    plain = plan_for()
     assert plain.matmul_precision == "float32"
     assert plain.decision("matmul_precision").source == "rule"
     assert "matmul" not in plain.describe()
-    fast = make_plan(workload(), EngineConfig(matmul_precision="tf32"), EVERYTHING)
+    fast = plan_for(config=EngineConfig(matmul_precision="tf32"))
     assert fast.matmul_precision == "tf32" and fast.engine_settings().matmul_precision == "tf32"
     assert "matmul       tf32" in fast.describe()
