@@ -228,3 +228,15 @@ def model_edges(state, r_max: float):
 
     neighbours = NeighbourList(state, r_max, 0.5)
     return neighbours.cutoff_edges(state, neighbours.build(state))
+
+
+@pytest.fixture
+def one_thread():
+    """These tensors are small: one thread avoids oversubscribing a busy 2-core machine (a
+    module asks for it with ``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -16,7 +16,8 @@ import pytest
 import torch
 from ase.build import bulk
 from d3_structures import structures
-from test_neighbours import ForbidHostSync
+from helpers.comparison import relative_error
+from helpers.host_sync import ForbidHostSync
 
 from fastmace.dynamics.dispersion import (
     BOHR_A,
@@ -54,11 +55,6 @@ def ours(structures: list[ase.Atoms], skin: float = 0.0, padding: int = 0) -> Po
     edges = NeighbourList(state, DEFAULT_CUTOFF_A, skin=skin).build(state)
     d3 = D3BJ(D3BJParameters.for_functional("pbe"), state.atomic_numbers.tolist())
     return d3(state, pad_edges(edges, padding), compute_stress=True)
-
-
-def relative_error(got: torch.Tensor | np.ndarray, want: np.ndarray) -> float:
-    got = got.detach().numpy() if isinstance(got, torch.Tensor) else got
-    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import pytest
 import torch
 from ase.cluster import Icosahedron
 from d3_structures import structures
-from test_dispersion import relative_error
-from test_neighbours import ForbidHostSync
+from helpers.comparison import relative_error
+from helpers.host_sync import ForbidHostSync
 
 from fastmace.dynamics.dispersion import D3BJ, DEFAULT_CUTOFF_A, D3BJParameters
 from fastmace.dynamics.neighbours import NeighbourList

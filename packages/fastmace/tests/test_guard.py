@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import settings as shared_settings
-from test_neighbours import ForbidHostSync
+from helpers.host_sync import ForbidHostSync
 
 import fastmace as fm
 from fastmace.dynamics.ensembles import ensemble
@@ -185,7 +185,7 @@ def test_guard_settings_are_checked_and_merged_once():
 
 
 def test_the_guard_adds_no_host_synchronisation_to_a_block(demo, monkeypatch):
-    """The guard's work inside a block is device work (the proxy of test_neighbours refuses
+    """The guard's work inside a block is device work (the proxy of helpers/host_sync.py refuses
     every operator that reads back), and a block still reads back exactly once."""
     simulation = Simulation(demo, [copper(), copper()], settings(10))
     engine, guard = simulation.engine, simulation.guard

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ase.units
 import pytest
 import torch
-from test_integrators import LennardJones, batch, crystal, one_thread, run  # noqa: F401
+from helpers.lennard_jones import LennardJones, batch, crystal, run
 
 from fastmace.dynamics.integrators import (
     csvr_init,
@@ -25,6 +25,9 @@ from fastmace.dynamics.integrators import (
     npt_step,
 )
 from fastmace.dynamics.integrators.common import cell_volume
+
+# Small tensors: one thread each avoids oversubscribing a busy 2-core machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 N_SYSTEMS = 32  # 32 atoms each: N_f = 93, so K/<K> has a relative spread of sqrt(2/93) = 15%
 TEMPERATURES_K = [20.0] * (N_SYSTEMS // 2) + [40.0] * (N_SYSTEMS // 2)  # melting is near 70 K

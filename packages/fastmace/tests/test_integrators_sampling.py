@@ -33,7 +33,6 @@ import torch
 from ase import Atoms
 from ase.build import bulk
 from ase.neighborlist import neighbor_list
-from test_integrators import one_thread  # noqa: F401
 
 from fastmace.dynamics.integrators import (
     ForceResult,
@@ -45,6 +44,9 @@ from fastmace.dynamics.integrators import (
     npt_step,
 )
 from fastmace.dynamics.state import State
+
+# Small tensors: one thread each avoids oversubscribing a busy 2-core machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Independent of the package's constants (ase.units' CODATA 2014 values, spelled out).
 KB_EV_PER_K = 8.617330337217213e-05

@@ -8,7 +8,7 @@ import pytest
 import torch
 from ase import Atoms
 from ase.neighborlist import neighbor_list
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers.host_sync import ForbidHostSync, HostSync
 
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.neighbours import NeighbourList
@@ -385,39 +385,6 @@ def test_cell_shrinking_past_the_grid_sets_the_flag() -> None:
 
 
 # No host synchronisation: a CPU proxy for what CUDA graph capture would refuse.
-
-
-class HostSync(RuntimeError):
-    pass
-
-
-class ForbidHostSync(TorchDispatchMode):
-    """Raise on every operator that reads a value back to the host or whose output shape
-    depends on the data (and so would read one back on a GPU)."""
-
-    aten = torch.ops.aten
-    FORBIDDEN = (
-        aten._local_scalar_dense,  # .item(), int(t), float(t), bool(t)
-        aten.is_nonzero,
-        aten.equal,
-        aten.nonzero,
-        aten.nonzero_static,
-        aten.masked_select,
-        aten.bincount,
-        aten.unique_consecutive,
-        aten._unique2,
-        aten.unique_dim,
-        aten.repeat_interleave,
-    )
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket in self.FORBIDDEN:
-            raise HostSync(str(func))
-        if func.overloadpacket in (self.aten.index, self.aten.index_put, self.aten.index_put_):
-            indices = args[1]
-            if any(i is not None and i.dtype == torch.bool for i in indices):
-                raise HostSync(f"{func} with a boolean mask")
-        return func(*args, **(kwargs or {}))
 
 
 def test_the_proxy_catches_host_syncs() -> None:

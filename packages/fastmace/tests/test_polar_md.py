@@ -25,7 +25,7 @@ pytest.importorskip(
 )
 
 from conftest import run_fastmace
-from test_polar import copper_oxide, mace_torch_results, methanol
+from helpers.polar import copper_oxide, mace_torch_results, methanol
 
 import fastmace as fm
 from fastmace.batching import BatchError
