@@ -47,12 +47,17 @@ class ProductPolynomial:
         rows: (model elements,) int32, each model element's row of ``coefficients`` (-1 for
             the elements the run does not have).
         inputs: D_in, the components of one channel's features.
+        basis: (M, P, D_out) float64, the coefficients' element-independent part
+            (:func:`polynomial_basis`), and ``weights`` (E, P, C) float64 the kept elements'
+            weights: ``coefficients[e, i, m, c] = sum_p basis[m, p, i] weights[e, p, c]``.
     """
 
     monomials: torch.Tensor
     coefficients: torch.Tensor
     rows: torch.Tensor
     inputs: int
+    basis: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
 
     @property
     def outputs(self) -> int:
@@ -192,12 +197,81 @@ def _product_basis_backward_shape(grad, x, rows, monomials, coefficients, entrie
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("fastmace::product_basis_terms", mutates_args=())
+def product_basis_terms(
+    x: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor, coefficients: torch.Tensor,
+    key: str,
+) -> torch.Tensor:  # fmt: skip
+    """The product basis with kernels generated for the basis registered under ``key``
+    (dynamics/product_codegen.py): (N, D_in, C) -> (N, D_out, C); differentiable in x.
+    ``weights`` (E, P, C) are the kept elements', ``coefficients`` (T,) the basis's terms'."""
+    from fastmace.dynamics import product_codegen
+
+    if x.is_cuda:
+        return product_codegen.forward(key, x, rows, weights, coefficients)
+    monomials, basis, _ = product_codegen.basis_of(key)
+    table = torch.einsum("mpi,epc->eimc", basis.to(weights), weights)
+    return contract_reference(x, rows, monomials.to(x.device), table)
+
+
+@product_basis_terms.register_fake
+def _product_basis_terms_shape(x, rows, weights, coefficients, key):
+    from fastmace.dynamics import product_codegen
+
+    outputs = product_codegen.basis_of(key)[1].shape[2]
+    return x.new_empty((x.shape[0], outputs, x.shape[2]))
+
+
+@torch.library.custom_op("fastmace::product_basis_terms_backward", mutates_args=())
+def product_basis_terms_backward(
+    grad: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor,
+    coefficients: torch.Tensor, key: str,
+) -> torch.Tensor:  # fmt: skip
+    """dL/dx of :func:`product_basis_terms` (not differentiable again)."""
+    from fastmace.dynamics import product_codegen
+
+    if x.is_cuda:
+        return product_codegen.backward(key, grad, x, rows, weights, coefficients)
+    monomials, basis, inputs = product_codegen.basis_of(key)
+    table = torch.einsum("mpi,epc->eimc", basis.to(weights), weights)
+    entries, offsets = derivative_entries(monomials, inputs)
+    return contract_backward_reference(grad, x, rows, table, entries.to(x.device),
+                                       offsets.to(x.device))  # fmt: skip
+
+
+@product_basis_terms_backward.register_fake
+def _product_basis_terms_backward_shape(grad, x, rows, weights, coefficients, key):
+    return torch.empty_like(x)
+
+
+def _setup_terms(ctx, inputs, output) -> None:
+    x, rows, weights, coefficients, key = inputs
+    ctx.save_for_backward(x, rows, weights, coefficients)
+    ctx.key = key
+
+
+def _backward_terms(ctx, grad):
+    x, rows, weights, coefficients = ctx.saved_tensors
+    found = product_basis_terms_backward(grad.contiguous(), x, rows, weights, coefficients,
+                                         ctx.key)  # fmt: skip
+    return found, None, None, None, None
+
+
+product_basis_terms.register_autograd(_backward_terms, setup_context=_setup_terms)
+
+KERNELS = ("terms", "table")
+"""How ProductBasis runs on CUDA: kernels generated from the basis's nonzero terms
+(product_codegen.py), or one pair of kernels reading a coefficient table (product_triton.py)."""
+
+
 class ProductBasis(torch.nn.Module):
     """A block's symmetric contraction with cuEquivariance's calling convention.
 
     ``forward(x (N, D_in*C), indices (N,))``, ``indices`` each node's element as the model
     numbers them, returns (N, D_out*C) in the layout of the module it replaces (whose input
     and output transposes it keeps). A node of an element the run does not have gets NaN.
+    ``kernels`` (one of KERNELS) says which kernels run on CUDA; off CUDA both are the torch
+    formulas.
     """
 
     def __init__(
@@ -206,8 +280,22 @@ class ProductBasis(torch.nn.Module):
         original: torch.nn.Module,
         dtype: torch.dtype,
         device: torch.device,
+        kernels: str = "terms",
     ) -> None:
         super().__init__()
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels={kernels!r}: choose one of {', '.join(KERNELS)}")
+        self.kernels = kernels
+        self.key = ""
+        if kernels == "terms":
+            from fastmace.dynamics import product_codegen
+
+            assert polynomial.basis is not None and polynomial.weights is not None
+            basis = (polynomial.monomials, polynomial.basis, polynomial.inputs)
+            self.key = product_codegen.register(*basis)
+            terms = product_codegen.term_coefficients(*basis)
+            self.register_buffer("weights", polynomial.weights.to(device, dtype))
+            self.register_buffer("term_coefficients", terms.to(device, dtype))
         entries, offsets = derivative_entries(polynomial.monomials, polynomial.inputs)
         self.register_buffer("monomials", polynomial.monomials.to(device))
         self.register_buffer("coefficients", polynomial.coefficients.to(device, dtype))
@@ -221,8 +309,12 @@ class ProductBasis(torch.nn.Module):
         atoms = x.shape[0]
         features = self.transpose_in(x).reshape(atoms, self.inputs, self.channels).contiguous()
         rows = self.rows[indices.long()]
-        out = product_basis(features, rows, self.monomials, self.coefficients, self.entries,
-                            self.offsets)  # fmt: skip
+        if self.kernels == "terms" and features.is_cuda:
+            out = product_basis_terms(features, rows, self.weights, self.term_coefficients,
+                                      self.key)  # fmt: skip
+        else:
+            out = product_basis(features, rows, self.monomials, self.coefficients,
+                                self.entries, self.offsets)  # fmt: skip
         return self.transpose_out(out.reshape(atoms, -1))
 
 
@@ -314,7 +406,8 @@ def polynomial_of(module: torch.nn.Module, columns: list[int]) -> ProductPolynom
     rows = torch.full((weights.shape[0],), -1, dtype=torch.int32)
     rows[list(columns)] = torch.arange(len(columns), dtype=torch.int32)
     inputs = _dimensions(module)[0]
-    return ProductPolynomial(monomials, coefficients.contiguous(), rows, inputs)
+    kept = weights[list(columns)].contiguous()
+    return ProductPolynomial(monomials, coefficients.contiguous(), rows, inputs, basis, kept)
 
 
 def product_disagreement(

@@ -1,0 +1,242 @@
+"""The product basis as Triton kernels written out for one basis (CUDA).
+
+product_triton.py reads a table of D_out x M coefficients per element and channel for every
+atom; most of them are zero, and reading the rest is what bounds it. Here the basis's nonzero
+terms are written into the kernel's source instead, as straight-line code: a program holds a
+tile of channels of one atom's D_in features and its element's P weights in registers, and
+each term adds ``coefficient * w[p] * x[a] * x[b] * ...`` to output component i. The backward
+writes out each term's derivative for every factor the same way. Memory traffic is the
+features, the weights and the outputs; the basis's structure is the code, and its
+coefficients (one scalar per term, in the model's dtype: Triton would round a literal to
+float32) are read where each term is added.
+
+Inputs (all contiguous): x (N, D_in, C) in cuEquivariance's ``ir_mul`` order; rows (N,)
+int32 (-1: an element the run does not have, NaN out); weights (E, P, C), each kept
+element's weights in the basis's directions (product_basis._effective_weights); coefficients
+(T,), the terms' in the order of :func:`basis_terms`; out (N, D_out, C).
+
+The source is generated once per basis and process, written to a private temporary
+directory (Triton compiles from a function's source file) and imported from there; Triton's
+own cache keeps the compiled kernels by their source. ``tests/test_product_basis.py`` runs
+the generated kernels in Triton's interpreter against product_basis.py's torch formulas and
+compiles them for sm_90.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+CHANNELS = 32  # channels per program
+_DIRECTORY: Path | None = None  # this process's generated sources
+_LOADED: dict[str, ModuleType] = {}
+_BASES: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
+
+
+@dataclass(frozen=True)
+class Term:
+    """``coefficient * w[direction] * prod(x̃[factor])`` added to output ``output``."""
+
+    factors: tuple[int, ...]  # indices below D_in only (the constant's are left out)
+    direction: int
+    output: int
+    coefficient: float
+
+
+def basis_terms(monomials: torch.Tensor, basis: torch.Tensor, inputs: int) -> list[Term]:
+    """The nonzero entries of ``basis`` (M, P, D_out) as terms of the polynomial."""
+    terms = []
+    for m, p, i in torch.nonzero(basis).tolist():
+        factors = tuple(j for j in monomials[m].tolist() if j < inputs)
+        terms.append(Term(factors, p, i, float(basis[m, p, i])))
+    return terms
+
+
+def term_coefficients(monomials: torch.Tensor, basis: torch.Tensor, inputs: int) -> torch.Tensor:
+    """(T,) float64: each term's coefficient, in the order the generated code reads them."""
+    terms = basis_terms(monomials, basis, inputs)
+    return torch.tensor([term.coefficient for term in terms], dtype=torch.float64)
+
+
+def _coefficient(k: int) -> str:
+    return f"tl.load(coefficients + {k})"
+
+
+def _product(names: list[str]) -> str:
+    return " * ".join(names) if names else "1.0"
+
+
+def _sum(parts: list[str], indent: str) -> str:
+    """A sum of many parts, a few per line (a long expression in one line of source is slow
+    for Python's parser and for Triton's)."""
+    lines = [" + ".join(parts[k : k + 4]) for k in range(0, len(parts), 4)]
+    joined = (" +\n" + indent).join(lines)
+    return f"({joined})" if len(lines) > 1 else joined
+
+
+def kernel_source(monomials: torch.Tensor, basis: torch.Tensor, inputs: int) -> str:
+    """The Triton source of ``_forward`` and ``_backward`` for this basis."""
+    terms = basis_terms(monomials, basis, inputs)
+    directions, outputs = basis.shape[1], basis.shape[2]
+    by_output: dict[tuple[int, int], list[Term]] = defaultdict(list)
+    for term in terms:
+        by_output[term.output, term.direction].append(term)
+    used = sorted({term.direction for term in terms})
+    index = {id(term): k for k, term in enumerate(terms)}
+    head = [
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "",
+    ]
+    load_x = [
+        f"    x{j} = tl.load(features + {j} * channels, mask=ok, other=0.0)" for j in range(inputs)
+    ]
+    load_w = [f"    w{p} = tl.load(weight + {p} * channels, mask=ok, other=0.0)" for p in used]
+    prologue = [
+        "    atom = tl.program_id(0).to(tl.int64)",
+        "    c = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)",
+        "    ok = c < channels",
+        "    row = tl.load(rows + atom)",
+        "    features = x + atom * " + str(inputs) + " * channels + c",
+        "    weight = weights + tl.maximum(row, 0).to(tl.int64) * "
+        + str(directions)
+        + " * channels + c",
+        *load_x,
+        *load_w,
+        "    missing = row < 0",
+    ]
+    forward = [
+        "@triton.jit",
+        "def _forward(x, rows, weights, coefficients, out, channels, CHANNELS: tl.constexpr):",
+        *prologue,
+    ]
+    for i in range(outputs):
+        parts = []
+        for (output, p), group in sorted(by_output.items()):
+            if output != i:
+                continue
+            inner = [
+                f"{_coefficient(index[id(t)])} * {_product([f'x{j}' for j in t.factors])}"
+                for t in group
+            ]
+            parts.append(f"w{p} * ({_sum(inner, ' ' * 12)})")
+        value = _sum(parts, " " * 8) if parts else "x0 * 0.0"
+        forward += [
+            f"    o{i} = {value}",
+            f"    o{i} = tl.where(missing, float('nan'), o{i})",
+            f"    tl.store(out + (atom * {outputs} + {i}) * channels + c, o{i}, mask=ok)",
+        ]
+    backward = [
+        "@triton.jit",
+        "def _backward(grad, x, rows, weights, coefficients, grad_x, channels,",
+        "              CHANNELS: tl.constexpr):",
+        *prologue,
+        *[
+            f"    g{i} = tl.load(grad + (atom * {outputs} + {i}) * channels + c, mask=ok, "
+            "other=0.0)"
+            for i in range(outputs)
+        ],
+    ]
+    pairs = sorted(by_output)
+    backward += [f"    gw{i}_{p} = g{i} * w{p}" for i, p in pairs]
+    for j in range(inputs):
+        parts = []
+        for term in terms:
+            count = term.factors.count(j)
+            if count == 0:
+                continue
+            rest = list(term.factors)
+            rest.remove(j)
+            scale = _coefficient(index[id(term)]) + ("" if count == 1 else f" * {count}.0")
+            parts.append(f"{scale} * gw{term.output}_{term.direction} * "
+                         f"{_product([f'x{k}' for k in rest])}")  # fmt: skip
+        value = _sum(parts, " " * 8) if parts else "x0 * 0.0"
+        backward += [
+            f"    d{j} = {value}",
+            f"    d{j} = tl.where(missing, float('nan'), d{j})",
+            f"    tl.store(grad_x + (atom * {inputs} + {j}) * channels + c, d{j}, mask=ok)",
+        ]
+    return "\n".join([*head, *forward, "", "", *backward, ""])
+
+
+def _directory() -> Path:
+    global _DIRECTORY
+    if _DIRECTORY is None:  # private to this process (mkdtemp makes it 0700)
+        _DIRECTORY = Path(tempfile.mkdtemp(prefix="fastmace-product-"))
+    return _DIRECTORY
+
+
+def register(monomials: torch.Tensor, basis: torch.Tensor, inputs: int) -> str:
+    """A key for this basis, by which :func:`kernels` finds it (a custom op passes the key)."""
+    digest = hashlib.sha256()
+    for tensor in (monomials, basis):
+        digest.update(tensor.contiguous().cpu().numpy().tobytes())
+    digest.update(str((tuple(basis.shape), inputs)).encode())
+    key = digest.hexdigest()[:24]
+    _BASES[key] = (monomials.cpu(), basis.cpu(), inputs)
+    return key
+
+
+def basis_of(key: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The monomials, basis and D_in registered under ``key``."""
+    return _BASES[key]
+
+
+def kernels(key: str) -> ModuleType:
+    """The module holding ``_forward`` and ``_backward`` for the basis registered under
+    ``key``, generated and imported once per process."""
+    if key not in _LOADED:
+        source = kernel_source(*_BASES[key])
+        path = _directory() / f"product_{key}.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(f"fastmace_product_{key}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _LOADED[key] = module
+    return _LOADED[key]
+
+
+def forward(
+    key: str, x: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor,
+    coefficients: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """(N, D_in, C) -> (N, D_out, C) with the kernels of the basis under ``key``."""
+    import triton
+
+    atoms, _, channels = x.shape
+    outputs = _BASES[key][1].shape[2]
+    out = torch.empty((atoms, outputs, channels), dtype=x.dtype, device=x.device)
+    if atoms > 0:
+        grid = (atoms, triton.cdiv(channels, CHANNELS))
+        kernels(key)._forward[grid](x, rows, weights, coefficients, out, channels,
+                                    CHANNELS=CHANNELS)  # fmt: skip
+    return out
+
+
+def backward(
+    key: str,
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    coefficients: torch.Tensor,
+) -> torch.Tensor:
+    """dL/dx (N, D_in, C) for dL/d(out) = ``grad`` with the kernels of the basis under ``key``."""
+    import triton
+
+    atoms, _, channels = x.shape
+    grad_x = torch.empty_like(x)
+    if atoms > 0:
+        grid = (atoms, triton.cdiv(channels, CHANNELS))
+        kernels(key)._backward[grid](grad, x, rows, weights, coefficients, grad_x, channels,
+                                     CHANNELS=CHANNELS)  # fmt: skip
+    return grad_x
