@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -99,29 +99,73 @@ class Simulation:
         self.gate = gate  # a fastmace.gate.GateResult, when the run was checked
         self.fallbacks = list(fallbacks)
         self.exchange_group = exchange_group
-        check_structures(structures, model.description.atomic_numbers)
-        # Before anything is created: a dispersion the model or structure cannot take is refused.
-        self.dispersion_functional = model_dispersion_functional(
-            settings.dispersion, settings.dispersion_functional, model, structures
-        )
-        # Each system's total charge and spin multiplicity (None: a local model reads none).
-        self.charges, self.spins = run_charges_and_spins(settings, model, structures)
-        if self.charges is not None:
-            check_open_apart([atoms.pbc for atoms in structures])
         self.model = model
         self.settings = settings
+        self.structures = list(structures)
         self.block_steps = settings.block_steps_for(self.engine_settings.block_steps)
         self.progress_stream = progress
         self.output: RunOutput | None = None
         self.plot: Path | None = None  # thermo.png, once the run has drawn it
         self.start_step = 0
         self.start_time_fs = 0.0
-        state = State.from_atoms(list(structures), device=model.device)
+        self.setup_parts: dict[str, float] = {}  # each part's seconds (metadata.json)
+        # The stages of the set-up, in order; nothing is written before the run directory.
+        self._check_request()
+        state = self._initial_state(output, resume)
+        # The potential before the run directory: a model it refuses (its species, a radial
+        # table it cannot have) leaves nothing behind. A restart keeps the atoms' elements.
+        with self._timed("setup_potential_s"):
+            self.potential = assembly.potential(model, state.atomic_numbers, self.engine_settings)
+        restart = self._open_output(output, resume, state)
+        try:
+            if restart is not None:
+                state = _state_from_restart(state, restart.payload)
+            md, force_field = self._first_forces(state, restart)
+            self._record_compile_cost(model, plan)
+            self._continue_from(restart, md, force_field)
+            self._assemble_engine(md, state, force_field, restart, resume)
+            self.timings = {
+                **(phases or {}),
+                **self.setup_parts,
+                "setup_s": time.perf_counter() - started,
+            }
+            self._write_metadata("running")
+        except BaseException:
+            # Nothing ran: the directory is given up (its lock released), its files stay.
+            if self.output is not None:
+                self.output.close()
+            raise
+
+    # -- the set-up's stages ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _timed(self, part: str) -> Iterator[None]:
+        tick = time.perf_counter()
+        yield
+        self.setup_parts[part] = time.perf_counter() - tick
+
+    def _check_request(self) -> None:
+        """Refuse what the model or the structures cannot take, before anything is created:
+        their elements, a dispersion, charges and spins (None: a local model reads none)."""
+        model, structures, settings = self.model, self.structures, self.settings
+        check_structures(structures, model.description.atomic_numbers)
+        self.dispersion_functional = model_dispersion_functional(
+            settings.dispersion, settings.dispersion_functional, model, structures
+        )
+        self.charges, self.spins = run_charges_and_spins(settings, model, structures)
+        if self.charges is not None:
+            check_open_apart([atoms.pbc for atoms in structures])
+
+    def _initial_state(self, output: str | Path | None, resume: bool) -> State:
+        """The batched State with its starting velocities, the run's physics record, and a
+        resume's check against the restart (before the directory is cut back to it)."""
+        settings = self.settings
+        state = State.from_atoms(self.structures, device=self.model.device)
         self.physics = physics_record(
-            settings, model, state.n_systems, self.dispersion_functional,
+            settings, self.model, state.n_systems, self.dispersion_functional,
             charges=self.charges, spins=self.spins,
         )  # fmt: skip
-        if resume:  # before the run directory is cut back to its restart: a refusal changes nothing
+        if resume:  # a refusal here changes nothing on disk
             self._check_resume(output, state)
         # One stream per system from the seed (system s: seed + s), for the velocities and then
         # the integrator's noise: two generators seeded alike made Langevin's first noise repeat
@@ -132,60 +176,57 @@ class Simulation:
             state = maxwell_boltzmann_velocities(
                 state, settings.initial_temperature_K, self.streams
             )
-        # The potential before the run directory: a model it refuses (its species, a radial
-        # table it cannot have) leaves nothing behind. A restart keeps the atoms' elements.
-        setup_parts = {}  # each part's seconds: where set-up goes (metadata.json)
-        tick = time.perf_counter()
-        self.potential = assembly.potential(model, state.atomic_numbers, self.engine_settings)
-        setup_parts["setup_potential_s"] = time.perf_counter() - tick
-        restart = None
-        if output is not None:
-            self.output = (
-                RunDirectory.resume(output)
-                if resume
-                else RunDirectory.create(
-                    output,
-                    n_atoms=state.n_atoms,
-                    n_systems=state.n_systems,
-                    n_steps=settings.steps,
-                    schedule=settings.schedule,
-                    trajectory_format=settings.trajectory_format,
-                )
+        return state
+
+    def _open_output(self, output: str | Path | None, resume: bool, state: State) -> Any:
+        """The run directory, created or reopened; the restart to resume from, if any."""
+        if output is None:
+            if resume:
+                raise ValueError("resume=True needs the output directory of the run to resume")
+            return None
+        settings = self.settings
+        self.output = (
+            RunDirectory.resume(output)
+            if resume
+            else RunDirectory.create(
+                output, n_atoms=state.n_atoms, n_systems=state.n_systems,
+                n_steps=settings.steps, schedule=settings.schedule,
+                trajectory_format=settings.trajectory_format,
             )
-            restart = self.output.restart
-        elif resume:
-            raise ValueError("resume=True needs the output directory of the run to resume")
-        try:
-            if restart is not None:
-                state = _state_from_restart(state, restart.payload)
-            # A large set-up says what it is doing as it goes (the first forces of a million
-            # atoms take minutes on a CPU).
-            say = state.n_atoms >= SETUP_PROGRESS_ATOMS
-            if say:
-                setup_note(progress, (
-                    f"{state.n_atoms:,} atoms; potential ready in "
-                    f"{setup_parts['setup_potential_s']:.1f} s; building the neighbour list"
-                ))  # fmt: skip
-            tick = time.perf_counter()
+        )  # fmt: skip
+        return self.output.restart
+
+    def _first_forces(self, state: State, restart: Any) -> tuple[Any, Any]:
+        """The neighbour list, the force field and the integrator's first state, its forces
+        computed (the list grown until it holds every edge); a large set-up says each part."""
+        settings, progress, parts = self.settings, self.progress_stream, self.setup_parts
+        # A large set-up says what it is doing as it goes (the first forces of a million
+        # atoms take minutes on a CPU).
+        say = state.n_atoms >= SETUP_PROGRESS_ATOMS
+        if say:
+            setup_note(progress, (
+                f"{state.n_atoms:,} atoms; potential ready in "
+                f"{parts['setup_potential_s']:.1f} s; building the neighbour list"
+            ))  # fmt: skip
+        with self._timed("setup_neighbours_s"):
             neighbours, edges = self._neighbour_list(state, restart)
-            setup_parts["setup_neighbours_s"] = time.perf_counter() - tick
-            if say:
-                chunks = self.potential.edge_chunk_rows
-                setup_note(progress, (
-                    f"neighbour list of {neighbours.capacity:,} edges in "
-                    f"{setup_parts['setup_neighbours_s']:.1f} s; computing the first forces"
-                    + (f" (edges in chunks of up to {chunks:,} rows)" if chunks else "")
-                ))  # fmt: skip
-            force_field = assembly.force_field(
-                state, self.potential, neighbours, edges=edges,
-                stress=settings.ensemble.needs_stress,
-                dispersion=assembly.dispersion(
-                    state, self.dispersion_functional, self.engine_settings,
-                    three_body=settings.dispersion == "d3bj-atm",
-                ),
-                charges=self.charges, spins=self.spins,
-            )  # fmt: skip
-            tick = time.perf_counter()
+        if say:
+            chunks = self.potential.edge_chunk_rows
+            setup_note(progress, (
+                f"neighbour list of {neighbours.capacity:,} edges in "
+                f"{parts['setup_neighbours_s']:.1f} s; computing the first forces"
+                + (f" (edges in chunks of up to {chunks:,} rows)" if chunks else "")
+            ))  # fmt: skip
+        force_field = assembly.force_field(
+            state, self.potential, neighbours, edges=edges,
+            stress=settings.ensemble.needs_stress,
+            dispersion=assembly.dispersion(
+                state, self.dispersion_functional, self.engine_settings,
+                three_body=settings.dispersion == "d3bj-atm",
+            ),
+            charges=self.charges, spins=self.spins,
+        )  # fmt: skip
+        with self._timed("setup_first_forces_s"):
             md = assembly.first_forces(
                 lambda: settings.ensemble.init(
                     state, force_field, settings.timestep_fs, self.streams
@@ -193,58 +234,54 @@ class Simulation:
                 force_field,
                 state,
             )
-            setup_parts["setup_first_forces_s"] = time.perf_counter() - tick
-            # Our own draw from rest at a minimum starts at twice the target (thermal_start.py).
-            self.thermal_start: ThermalStart | None = None
-            if settings.start_at_equipartition and restart is None:
-                md, self.thermal_start = equipartition_start(md)
-            if say:
-                seconds = setup_parts["setup_first_forces_s"]
-                setup_note(progress, f"first forces in {seconds:.1f} s")
-            self._record_compile_cost(model, plan)
-            if restart is not None:
-                self._restore(md, restart.payload)
-                self.start_step = restart.step
-                self.start_time_fs = restart_time_fs(restart)
-                # The same search pattern as the interrupted run, so it continues bit for bit.
-                saved_every = restart.payload["neighbours"].get("search_every")
-                force_field.search_every = int(saved_every or force_field.search_every)
-            # The last restart on disk, with its step: where a failed run can be resumed from.
-            self.last_restart: int | None = None if restart is None else restart.step
-            guard, schedule = self.engine_settings.guard, settings.temperature_schedule
-            self.guard = (
-                Guard(
-                    md, guard, skin_A=neighbours.skin,
-                    references=restart.payload.get("guard") if restart is not None else None,
-                    hottest_target_K=schedule.largest() if schedule is not None else 0.0,
-                )
-                if guard.enabled
-                else None
-            )  # fmt: skip
-            saved_exchange = restart.payload.get("exchange") if restart is not None else None
-            self.exchange = self._replica_exchange(md, state, resume, saved_exchange)
-            self.engine = Engine(
-                md,
-                settings.ensemble.step,
-                force_field,
-                block_steps=self.block_steps,
-                capture=self.engine_settings.graphs,
-                guard=self.guard,
-                block_end=self.exchange,  # the swaps (inside the captured block in one process)
+        # Our own draw from rest at a minimum starts at twice the target (thermal_start.py).
+        self.thermal_start: ThermalStart | None = None
+        if settings.start_at_equipartition and restart is None:
+            md, self.thermal_start = equipartition_start(md)
+        if say:
+            setup_note(progress, f"first forces in {parts['setup_first_forces_s']:.1f} s")
+        return md, force_field
+
+    def _continue_from(self, restart: Any, md: Any, force_field: Any) -> None:
+        """A resumed run's state, step, time and search pattern, as its restart saved them."""
+        # The last restart on disk, with its step: where a failed run can be resumed from.
+        self.last_restart: int | None = None if restart is None else restart.step
+        if restart is None:
+            return
+        self._restore(md, restart.payload)
+        self.start_step = restart.step
+        self.start_time_fs = restart_time_fs(restart)
+        # The same search pattern as the interrupted run, so it continues bit for bit.
+        saved_every = restart.payload["neighbours"].get("search_every")
+        force_field.search_every = int(saved_every or force_field.search_every)
+
+    def _assemble_engine(
+        self, md: Any, state: State, force_field: Any, restart: Any, resume: bool
+    ) -> None:
+        """The guard, replica exchange and the engine that captures the blocks."""
+        settings = self.settings
+        guard, schedule = self.engine_settings.guard, settings.temperature_schedule
+        self.guard = (
+            Guard(
+                md, guard, skin_A=force_field.neighbours.skin,
+                references=restart.payload.get("guard") if restart is not None else None,
+                hottest_target_K=schedule.largest() if schedule is not None else 0.0,
             )
-            self.engine.steps_done = self.start_step
-            self.structures = list(structures)
-            self.timings = {
-                **(phases or {}),
-                **setup_parts,
-                "setup_s": time.perf_counter() - started,
-            }
-            self._write_metadata("running")
-        except BaseException:
-            # Nothing ran: the directory is given up (its lock released), its files stay.
-            if self.output is not None:
-                self.output.close()
-            raise
+            if guard.enabled
+            else None
+        )  # fmt: skip
+        saved_exchange = restart.payload.get("exchange") if restart is not None else None
+        self.exchange = self._replica_exchange(md, state, resume, saved_exchange)
+        self.engine = Engine(
+            md,
+            settings.ensemble.step,
+            force_field,
+            block_steps=self.block_steps,
+            capture=self.engine_settings.graphs,
+            guard=self.guard,
+            block_end=self.exchange,  # the swaps (inside the captured block in one process)
+        )
+        self.engine.steps_done = self.start_step
 
     def _record_compile_cost(self, model: LoadedModel, plan: Plan | None) -> None:
         """What this run's compilation cost, for the next plan of the same model and size."""
