@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -63,6 +63,23 @@ from fastmace.runtime.process_clock import seconds_since_process_start
 from fastmace.vocabulary import SETUP_PROGRESS_ATOMS
 
 __all__ = ["MDResult", "RunSettings", "Simulation"]
+
+
+@dataclass
+class _Speed:
+    """How long the blocks took: the first (start-up included) and the steady ones."""
+
+    first_block_s: float = 0.0
+    steady_s: float = 0.0
+    steady_steps: int = 0
+
+    def steps_per_s(self, steps_run: int) -> float:
+        """The steady rate, else the first block's, else NaN (nothing ran)."""
+        if self.steady_steps:
+            return self.steady_steps / self.steady_s
+        if self.first_block_s:
+            return steps_run / self.first_block_s
+        return float("nan")
 
 
 class Simulation:
@@ -537,81 +554,94 @@ class Simulation:
     def run(self) -> MDResult:
         """Run to ``settings.steps`` (from the restart's step when resuming)."""
         settings = self.settings
-        total = settings.steps
-        step = self.start_step
         progress = Progress(
-            total, settings.timestep_fs, start_step=step, stream=self.progress_stream
-        )
-        rows: list[dict[str, Any]] = []
-        self.second_half = SecondHalfMean(total, self.start_step)
-        first_block_s = steady_s = 0.0
-        steady_steps = 0
+            settings.steps, settings.timestep_fs, start_step=self.start_step,
+            stream=self.progress_stream,
+        )  # fmt: skip
+        self.second_half = SecondHalfMean(settings.steps, self.start_step)
+        speed = _Speed()
         try:
-            # A resumed run's restart step is already in the files (cut back to it on resume).
-            if step == 0 and self.output is not None and self.output.restart is None:
-                rows = self._write_outputs(0, final=total == 0)
-            while step < total:
-                steps = min(self.block_steps, total - step)
-                self._follow_schedule(step, steps)
-                tick = time.perf_counter()
-                try:
-                    self.engine.run_block(steps)  # the block's one host synchronisation
-                    if self.output is not None:
-                        self.output.keep_alive()  # run.lock's heartbeat (fastmace.io.run_lock)
-                except SimulationError as error:
-                    error.args = (f"{error.args[0]}. {self._resumable(error)}",)
-                    raise
-                elapsed = time.perf_counter() - tick
-                # Steady speed: graph replays when capturing, else every block after the
-                # first; warm-up, capture and redone blocks count as setup.
-                steady = (
-                    self.engine.last_launch == "replay"
-                    if self.engine.capture
-                    else first_block_s > 0.0
-                )
-                if first_block_s == 0.0:
-                    first_block_s = elapsed
-                    self._time_first_step()
-                    startup = {**self.timings, "first_block_s": elapsed}
-                    compile_s = self.potential.first_compiled_call_s
-                    progress.note(startup_line(self._path_text(), startup, compile_s))
-                elif steady:
-                    if not steady_steps:
-                        self.timings["to_steady_s"] = time.perf_counter() - self.called
-                    steady_s, steady_steps = steady_s + elapsed, steady_steps + steps
-                if self.engine.last_launch == "capture" and "capture_s" not in self.timings:
-                    self.timings["capture_s"] = elapsed
-                step += steps
-                rows = self._write_outputs(step, final=step == total) or rows
-                progress.update(step)
+            step, rows = self._run_blocks(progress, speed)
         except BaseException as error:
-            progress.close()
-            self._leave_exchange_group()
-            try:
-                self._write_metadata("failed", f"{type(error).__name__}: {error}")
-            except OSError:
-                pass  # a full disk takes this write too: the error raised below says so
-            finally:
-                if self.output is not None:
-                    # What was written stays, the last restart is intact, run.lock goes.
-                    with contextlib.suppress(OSError):
-                        self.output.close()
-            if self.output is not None and is_disk_full(error):
-                raise DiskFullError(self._disk_full_message(error)) from error
+            self._give_up(error, progress)
             raise
+        return self._finish(step, rows, speed, progress)
+
+    def _run_blocks(self, progress: Progress, speed: _Speed) -> tuple[int, list[dict[str, Any]]]:
+        """Every block to the last step, its outputs written when due: the last step and the
+        last thermo rows written."""
+        total, step = self.settings.steps, self.start_step
+        rows: list[dict[str, Any]] = []
+        # A resumed run's restart step is already in the files (cut back to it on resume).
+        if step == 0 and self.output is not None and self.output.restart is None:
+            rows = self._write_outputs(0, final=total == 0)
+        while step < total:
+            steps = min(self.block_steps, total - step)
+            self._follow_schedule(step, steps)
+            tick = time.perf_counter()
+            try:
+                self.engine.run_block(steps)  # the block's one host synchronisation
+                if self.output is not None:
+                    self.output.keep_alive()  # run.lock's heartbeat (fastmace.io.run_lock)
+            except SimulationError as error:
+                error.args = (f"{error.args[0]}. {self._resumable(error)}",)
+                raise
+            self._time_block(time.perf_counter() - tick, steps, speed, progress)
+            step += steps
+            rows = self._write_outputs(step, final=step == total) or rows
+            progress.update(step)
+        return step, rows
+
+    def _time_block(self, elapsed: float, steps: int, speed: _Speed, progress: Progress) -> None:
+        """Start-up (the first block, said once) and the steady speed: graph replays when
+        capturing, else every block after the first; warm-up, capture and redone blocks count
+        as set-up."""
+        steady = (
+            self.engine.last_launch == "replay" if self.engine.capture else speed.first_block_s > 0
+        )
+        if speed.first_block_s == 0.0:
+            speed.first_block_s = elapsed
+            self._time_first_step()
+            startup = {**self.timings, "first_block_s": elapsed}
+            compile_s = self.potential.first_compiled_call_s
+            progress.note(startup_line(self._path_text(), startup, compile_s))
+        elif steady:
+            if not speed.steady_steps:
+                self.timings["to_steady_s"] = time.perf_counter() - self.called
+            speed.steady_s += elapsed
+            speed.steady_steps += steps
+        if self.engine.last_launch == "capture" and "capture_s" not in self.timings:
+            self.timings["capture_s"] = elapsed
+
+    def _give_up(self, error: BaseException, progress: Progress) -> None:
+        """A run that stops early: what was written stays, the last restart is intact,
+        metadata.json says why and run.lock goes; a full disk is said as such."""
+        progress.close()
+        self._leave_exchange_group()
+        try:
+            self._write_metadata("failed", f"{type(error).__name__}: {error}")
+        except OSError:
+            pass  # a full disk takes this write too: the error raised below says so
+        finally:
+            if self.output is not None:
+                with contextlib.suppress(OSError):
+                    self.output.close()
+        if self.output is not None and is_disk_full(error):
+            raise DiskFullError(self._disk_full_message(error)) from error
+
+    def _finish(
+        self, step: int, rows: list[dict[str, Any]], speed: _Speed, progress: Progress
+    ) -> MDResult:
+        """The result, its report, metadata.json and the plot of a run that reached its end."""
+        settings = self.settings
         if not rows:
             rows = thermo_rows(
                 self.engine.md, self.engine.force_field.stress_at, step, self.time_fs(step)
             )
             self.second_half.add(rows)
         self._leave_exchange_group()
-        self.timings["first_block_s"] = first_block_s
-        if steady_steps:
-            rate = steady_steps / steady_s
-        elif first_block_s:
-            rate = (step - self.start_step) / first_block_s
-        else:
-            rate = float("nan")
+        self.timings["first_block_s"] = speed.first_block_s
+        rate = speed.steps_per_s(step - self.start_step)
         self.timings["steps_per_s"] = rate
         self.timings["ns_per_day"] = rate * settings.timestep_fs * 86400 * 1e-6
         progress.close(steady_steps_per_s=rate)
