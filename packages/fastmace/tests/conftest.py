@@ -6,6 +6,7 @@ for Hopper, and the model's mirrored edges."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -143,6 +144,20 @@ def one_interaction_copper(monkeypatch: pytest.MonkeyPatch) -> str:
     )
     monkeypatch.setitem(templates.TEMPLATES, "tests-one-interaction-cu", shape)
     return "template:tests-one-interaction-cu"
+
+
+@functools.cache
+def cueq_template(name: str):
+    """Template ``name`` (seed 0, float64) converted to cuEquivariance on the CPU, once per
+    process. cuEquivariance builds its CPU modules as FX graphs in pure Python: MP-0 medium's
+    conversion takes 45-60 s on one core, and test_fused_conv.py and test_edge_chunks.py both
+    use it (SAME_WORKER runs them in one process). The tests use it read-only."""
+    import torch
+
+    from fastmace.models import backends
+    from fastmace.models.templates import template
+
+    return backends.convert(template(name, seed=0, dtype=torch.float64), "cueq", "cpu")
 
 
 PYTHON_TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"

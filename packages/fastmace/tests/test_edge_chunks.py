@@ -16,7 +16,7 @@ import io
 
 import pytest
 import torch
-from conftest import model_edges
+from conftest import cueq_template, model_edges
 from test_potential import ase_edges, cluster, copper_supercell, model_of, triclinic_mixed
 
 from fastmace.dynamics.edge_chunks import (
@@ -48,6 +48,8 @@ def demo_module() -> torch.nn.Module:
 
 @functools.cache
 def model(name: str, backend: str) -> torch.nn.Module:
+    if backend == "cueq":
+        return cueq_template(name)  # conftest's, shared with test_fused_conv.py
     base = model_of(name, torch.float64)
     return base if backend == "e3nn" else backends.convert(base, backend, "cpu")
 

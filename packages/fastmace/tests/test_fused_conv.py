@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CompileForHopper, model_edges, python_report
+from conftest import CompileForHopper, cueq_template, model_edges, python_report
 from test_potential import (
     ase_edges,
     assert_matches_reference,
@@ -41,7 +41,10 @@ SPECIES = [29, 8, 6, 1]
 
 @functools.cache
 def cueq_model(name: str, dtype: torch.dtype, device: str = "cpu") -> torch.nn.Module:
-    """The template converted to cuEquivariance, once per test session."""
+    """The template converted to cuEquivariance, once per test session (float64 on the CPU:
+    conftest's, shared with test_edge_chunks.py)."""
+    if (dtype, device) == (torch.float64, "cpu"):
+        return cueq_template(name)
     return backends.convert(model_of(name, dtype), "cueq", device)
 
 
