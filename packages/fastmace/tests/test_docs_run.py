@@ -14,12 +14,14 @@ runs and copies.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import ase.io
@@ -151,17 +153,22 @@ def _makes_runs(page: Path) -> bool:
     return any(call in text for call in ("fm.md(", "fastmace md ", "fastmace run "))
 
 
-def _prepare(directory: Path, earlier_runs: bool) -> None:
-    """What the examples read: a structure, a model file of one's own, earlier runs."""
-    copper = ase.io.read(ROOT / "examples" / "cu-fcc-32.extxyz")
-    ase.io.write(directory / "structure.cif", copper)
+def _prepare(directory: Path, earlier_runs: Path | None) -> None:
+    """What the examples read: a structure, a model file of one's own, and copies of the
+    earlier runs in ``earlier_runs`` (when given)."""
+    ase.io.write(directory / "structure.cif", ase.io.read(ROOT / "examples" / "cu-fcc-32.extxyz"))
     demo = fm.load(DEMO)
     shutil.copy(demo.origin["checkpoint"], directory / "my-finetuned.model")
-    if not earlier_runs:
-        return
+    if earlier_runs is not None:
+        shutil.copytree(earlier_runs, directory, dirs_exist_ok=True)
+
+
+def _make_runs(directory: Path) -> None:
+    """The earlier runs the examples read: run/, one system, and batch/, two systems, each with
+    both trajectory formats (and run-h5md/, run-extxyz/... with one each)."""
+    copper = ase.io.read(ROOT / "examples" / "cu-fcc-32.extxyz")
     common = {"model": DEMO, "temperature_K": 300, "steps": MAX_STEPS, "seed": 1}
     intervals = {"thermo_every": 5, "trajectory_every": 5}
-    # run/: one system, both trajectory formats; batch/: two systems, both formats.
     for name, structures in (("run", copper), ("batch", [copper, copper.copy()])):
         for fmt in ("h5md", "extxyz"):
             out = directory / f"{name}-{fmt}"
@@ -170,10 +177,24 @@ def _prepare(directory: Path, earlier_runs: bool) -> None:
         shutil.copy(directory / f"{name}-extxyz" / "trajectory.extxyz", directory / name)
 
 
+@pytest.fixture(scope="module")
+def earlier_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Path]:
+    """The earlier runs, made once for the module when a page first needs them (9 s of runs
+    for each of four pages before); every page gets its own copy, to read or change."""
+    directory = tmp_path_factory.mktemp("earlier-runs")
+
+    @functools.cache
+    def made() -> Path:
+        _make_runs(directory)
+        return directory
+
+    return made
+
+
 @pytest.mark.parametrize("page", RUNNABLE, ids=[str(p.relative_to(ROOT)) for p in RUNNABLE])
-def test_every_example_of_the_page_runs(page, tmp_path, monkeypatch):
+def test_every_example_of_the_page_runs(page, tmp_path, monkeypatch, earlier_runs):
     monkeypatch.chdir(tmp_path)
-    _prepare(tmp_path, earlier_runs=not _makes_runs(page))
+    _prepare(tmp_path, None if _makes_runs(page) else earlier_runs())
     namespace: dict[str, object] = {"__name__": "__docs__"}
     exec(PREAMBLE, namespace)
     for index, code in enumerate(_blocks(page, "python")):
