@@ -66,11 +66,12 @@ def tests(session: nox.Session) -> None:
     session.run("lint-imports", "--no-cache")
     # pytest exits 5 when it collects nothing; nox treats that as a failure, as it should.
     # One worker per core, each file on one worker (module fixtures load once), one thread
-    # each: 16.5 min on 2 cores against 27 one after another (2026-12-03).
+    # each: 16.5 min on 2 cores against 27 one after another (2026-12-03). The files go out
+    # slowest first, in conftest.py's order (SLOWEST_FIRST), not xdist's (most tests first).
     # --durations: CI's log names the slowest tests, where its 30 minutes go.
     session.run(
-        "pytest", "-m", "not gpu", "-n", "auto", "--dist", "loadfile", "--durations=25",
-        *session.posargs, env={"OMP_NUM_THREADS": "1"},
+        "pytest", "-m", "not gpu", "-n", "auto", "--dist", "loadfile", "--no-loadscope-reorder",
+        "--durations=25", *session.posargs, env={"OMP_NUM_THREADS": "1"},
     )  # fmt: skip
 
 

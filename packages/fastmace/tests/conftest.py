@@ -160,6 +160,82 @@ def cueq_template(name: str):
     return backends.convert(template(name, seed=0, dtype=torch.float64), "cueq", "cpu")
 
 
+# --- How CI's two workers share the files (noxfile's tests session: -n auto --dist loadfile) ---
+
+# Files that run in one worker process, as if they were one file, for what they share: the
+# first names the second's unit. cueq_template's MP-0 medium conversion (45 s) is made once for
+# both (together 128 s on one core, apart 167 s).
+SAME_WORKER = {"test_edge_chunks.py": "test_fused_conv.py"}
+
+# The slowest files first, each file's tests in their order, then every other file in
+# collection order: the worker that finishes first takes the next file, so long files started
+# early and short ones at the end leave no worker idle while the other finishes. xdist's own
+# order (most tests first, --no-loadscope-reorder in the noxfile turns it off) left one-test
+# files of a minute (test_demo.py, test_compile.py) to the end. Seconds on one core, measured
+# 2026-12-04; the order matters for time only, never for what passes.
+SLOWEST_FIRST = (
+    "test_fused_conv.py",  # 128, with test_edge_chunks.py
+    "test_adversarial.py",  # 118
+    "test_polar_md.py",  # 86
+    "test_compile.py",  # 77
+    "test_thermal_start.py",  # 75
+    "test_compile_converted.py",  # 65
+    "test_docs_run.py",  # 63
+    "test_replica_exchange.py",  # 55
+    "test_oeq_build_cache.py",  # 50
+    "test_demo.py",  # 50
+    "test_spread.py",  # 48
+    "test_product_basis.py",  # 46
+    "test_converted_cache.py",  # 45
+    "test_resume_settings.py",  # 42
+    "test_integrators_sampling.py",  # 42
+    "test_md_trust.py",  # 41
+    "test_md_physics.py",  # 39
+    "test_gate.py",  # 38
+    "test_quiet_run.py",  # 37
+    "test_doctor.py",  # 35
+    "test_polar_capture.py",  # 35
+    "test_cueq_descriptors.py",  # 34
+    "test_species_linear.py",  # 34
+    "test_compile_kept_conversion.py",  # 33
+    "test_batching.py",  # 32
+    "test_plot.py",  # 31
+    "test_radial_table.py",  # 31
+    "test_cli_md.py",  # 28
+    "test_build_order.py",  # 27
+    "test_relax.py",  # 27
+    "test_request_checks.py",  # 27
+    "test_replicas.py",  # 27
+    "test_model_load.py",  # 26
+    "test_guard.py",  # 24
+    "test_runner.py",  # 22
+    "test_integrators_ensembles.py",  # 21
+    "test_dispersion.py",  # 20
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's loadfile scheduling, with SAME_WORKER's files in one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            path = Path(file)
+            shared = SAME_WORKER.get(path.name)
+            return str(path.with_name(shared)) if shared else file
+
+    return SharedFiles(config, log)
+
+
 PYTHON_TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"
 
 
