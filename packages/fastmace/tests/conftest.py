@@ -151,7 +151,8 @@ def cueq_template(name: str):
     """Template ``name`` (seed 0, float64) converted to cuEquivariance on the CPU, once per
     process. cuEquivariance builds its CPU modules as FX graphs in pure Python: MP-0 medium's
     conversion takes 45-60 s on one core, and test_fused_conv.py and test_edge_chunks.py both
-    use it (SAME_WORKER runs them in one process). The tests use it read-only."""
+    use it, as test_product_basis.py and test_species_linear.py use MP-0 small's (SAME_WORKER
+    runs each pair in one process). The tests use it read-only."""
     import torch
 
     from fastmace.models import backends
@@ -163,9 +164,12 @@ def cueq_template(name: str):
 # --- How CI's two workers share the files (noxfile's tests session: -n auto --dist loadfile) ---
 
 # Files that run in one worker process, as if they were one file, for what they share: the
-# first names the second's unit. cueq_template's MP-0 medium conversion (45 s) is made once for
-# both (together 128 s on one core, apart 167 s).
-SAME_WORKER = {"test_edge_chunks.py": "test_fused_conv.py"}
+# first names the second's unit. cueq_template's conversions are made once for both: MP-0
+# medium's (45 s; the two files together 128 s on one core, apart 167 s) and MP-0 small's (13 s).
+SAME_WORKER = {
+    "test_edge_chunks.py": "test_fused_conv.py",
+    "test_species_linear.py": "test_product_basis.py",
+}
 
 # The slowest files first, each file's tests in their order, then every other file in
 # collection order: the worker that finishes first takes the next file, so long files started
@@ -174,7 +178,7 @@ SAME_WORKER = {"test_edge_chunks.py": "test_fused_conv.py"}
 # files of a minute (test_demo.py, test_compile.py) to the end. Seconds on one core, measured
 # 2026-12-04; the order matters for time only, never for what passes.
 SLOWEST_FIRST = (
-    "test_fused_conv.py",  # 128, with test_edge_chunks.py
+    "test_fused_conv.py",  # 128, with test_edge_chunks.py (SAME_WORKER)
     "test_adversarial.py",  # 118
     "test_polar_md.py",  # 86
     "test_compile.py",  # 77
@@ -184,8 +188,8 @@ SLOWEST_FIRST = (
     "test_replica_exchange.py",  # 55
     "test_oeq_build_cache.py",  # 50
     "test_demo.py",  # 50
+    "test_product_basis.py",  # 67, with test_species_linear.py (SAME_WORKER)
     "test_spread.py",  # 48
-    "test_product_basis.py",  # 46
     "test_converted_cache.py",  # 45
     "test_resume_settings.py",  # 42
     "test_integrators_sampling.py",  # 42
@@ -196,7 +200,6 @@ SLOWEST_FIRST = (
     "test_doctor.py",  # 35
     "test_polar_capture.py",  # 35
     "test_cueq_descriptors.py",  # 34
-    "test_species_linear.py",  # 34
     "test_compile_kept_conversion.py",  # 33
     "test_batching.py",  # 32
     "test_plot.py",  # 31
