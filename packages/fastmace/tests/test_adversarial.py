@@ -99,7 +99,9 @@ CLI_REFUSED = {
     "negative restart interval": (["--restart-every", "-1"], "restart_every=-1 is not allowed"),
     "float seed": (["--seed", "1.5"], "argument --seed: invalid int value: '1.5'"),
     "unknown ensemble": (["--ensemble", "nvx"], "unknown ensemble 'nvx'; choose one of"),
-    "NPT without a pressure": (["--ensemble", "npt"], "needs the target pressure"),
+    "NPT without a pressure": (
+        ["--ensemble", "npt"], "needs exactly one of pressure_GPa or pressure_bar"
+    ),
     "float16": (["--dtype", "float16"], "dtype='float16') is not allowed: use one of float32"),
     "unknown backend": (["--backend", "foo"], "backend='foo') is not allowed: use one of e3nn"),
     "unknown guard bound": (["--guard", "max_force=3"], "unknown bound(s) max_force; the bounds"),

@@ -5,10 +5,10 @@ lines as real child processes, in a scratch directory.
 The examples name foundation models, GPUs and runs of 100,000 steps; CI has a CPU, no network
 and minutes. So each runs with the stand-ins of :data:`STAND_INS` (the shipped demo model for
 every model label, 32 copper atoms for every structure file, the CPU for CUDA), at most
-:data:`MAX_STEPS` steps and at most :data:`MAX_REPLICAS` replicas; everything else (functions,
-arguments, options, file names, the order of the blocks) is as written. The files a page reads
-from an earlier run (``run/``, ``batch/``, a model file of your own) are made first by real
-runs and copies.
+:data:`MAX_STEPS` steps, :data:`MAX_REPLICAS` replicas and supercells of :data:`MAX_REPEAT`;
+everything else (functions, arguments, options, file names, the order of the blocks) is as
+written. The files a page reads from an earlier run (``run/``, ``batch/``, a model file of
+your own) are made first by real runs and copies.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import ase.build
 import ase.io
 import pytest
 from test_docs_examples import PAGES, ROOT, _command_lines
@@ -35,6 +36,7 @@ MAX_INTERVAL = 10  # output intervals: at least one row and frame within MAX_STE
 # Replicas: md.md's 64 copies of the stand-in's 32 atoms took 70 s of the page's 90 on CI's CPU,
 # and 4 copies take the same code path (the ladder example has 4, one temperature each).
 MAX_REPLICAS = 4
+MAX_REPEAT = 2  # supercells: a 4x4x4 copper example is 2,048 atoms, 80 s on a CPU
 DEMO = "demo-emt-cu"
 STAND_INS = {
     # Model labels (with a head) and the model fetched or loaded by its label.
@@ -47,7 +49,7 @@ STAND_INS = {
     "NaCl.cif": "structure.cif",
     "KCl.cif": "structure.cif",
     "ions.extxyz": "structure.cif",
-    "cation.extxyz": "structure.cif",
+    "cation.extxyz": "molecule.extxyz",  # a molecule, as the page's: methanol
     "cuda": "cpu",
 }
 STEP_KEYWORDS = {"steps"}
@@ -110,6 +112,8 @@ def stand_in_toml(text: str) -> str:
         cap = _cap_for(key)
         if cap is not None:
             value = str(min(int(value), cap))
+        elif key == "repeat":
+            value = re.sub(r"\d+", lambda n: str(min(int(n.group()), MAX_REPEAT)), value)
         elif value.startswith('"') and value.strip('"') in STAND_INS:
             value = f'"{STAND_INS[value.strip(chr(34))]}"'
         lines.append(f"{key} = {value}" if _ else line)
@@ -126,6 +130,13 @@ def stand_in_command(line: str) -> list[str]:
             words[index] = str(min(int(word), MAX_STEPS))
         elif index and words[index - 1] == "--replicas":
             words[index] = str(min(int(word), MAX_REPLICAS))
+        elif index and words[index - 1] == "--repeat":
+            words[index] = re.sub(r"\d+", lambda n: str(min(int(n.group()), MAX_REPEAT)), word)
+    if words[1:2] == ["md"] and "--steps" not in words:  # 1000 by default
+        words += ["--steps", str(MAX_STEPS)]
+    if "template:polar-tiny" in words and "--guard" not in words:
+        # Random weights are no physics: the stand-in heats a molecule past the guard's bound.
+        words += ["--guard", "off"]
     return words
 
 
@@ -157,6 +168,7 @@ def _prepare(directory: Path, earlier_runs: Path | None) -> None:
     """What the examples read: a structure, a model file of one's own, and copies of the
     earlier runs in ``earlier_runs`` (when given)."""
     ase.io.write(directory / "structure.cif", ase.io.read(ROOT / "examples" / "cu-fcc-32.extxyz"))
+    ase.io.write(directory / "molecule.extxyz", ase.build.molecule("CH3OH"))
     demo = fm.load(DEMO)
     shutil.copy(demo.origin["checkpoint"], directory / "my-finetuned.model")
     if earlier_runs is not None:
@@ -204,6 +216,10 @@ def test_every_example_of_the_page_runs(page, tmp_path, monkeypatch, earlier_run
             pytest.fail(f"{page.relative_to(ROOT)}, Python block {index}: {error!r}\n{code}")
     environment = {**os.environ, "PYTHONPATH": str(Path(fm.__file__).parents[1])}
     configs = _blocks(page, "toml")
+    # A page shows one run both as fm.md and as a command: a reader runs one of them. The
+    # command's run directory, made already by the Python block, is taken as a new one (and
+    # so in the lines after it), as it would be for a reader who ran only the command.
+    renamed: dict[str, str] = {}
     for line in _commands(page):
         # `fastmace run config.toml` runs once per TOML example of the page, each as config.toml.
         for config in configs if "config.toml" in line else [None]:
@@ -211,14 +227,20 @@ def test_every_example_of_the_page_runs(page, tmp_path, monkeypatch, earlier_run
                 (tmp_path / "config.toml").write_text(stand_in_toml(config), encoding="utf-8")
                 for old in tmp_path.glob("screen*"):  # each example's output directory is new
                     shutil.rmtree(old)
-            _run_command(page, line, tmp_path, environment)
+            _run_command(page, line, tmp_path, environment, renamed)
 
 
-def _run_command(page: Path, line: str, directory: Path, environment: dict[str, str]) -> None:
+def _run_command(page: Path, line: str, directory: Path, environment: dict[str, str],
+                 renamed: dict[str, str]) -> None:  # fmt: skip
     """One command line of ``page``, with the stand-ins, as a child process."""
     words = stand_in_command(line)
+    words[2:] = [renamed.get(word, word) for word in words[2:]]  # not the command itself
+    for index, word in enumerate(words[:-1]):
+        if word in ("-o", "--output") and (directory / words[index + 1]).exists():
+            renamed[words[index + 1]] = words[index + 1] + "-command"
+            words[index + 1] = renamed[words[index + 1]]
     done = subprocess.run(
-        [sys.executable, "-m", "fastmace.cli.main", *words[1:]],
+        [sys.executable, "-m", "fastmace", *words[1:]],
         cwd=directory, env=environment, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     # doctor exits 1 on a machine that lacks what a GPU run needs: still an answer.

@@ -496,13 +496,24 @@ def _systems(path: Path, systems: Any, config: dict[str, Any]) -> dict[str, Any]
             continue
         values = []
         for number, table in enumerate(systems, start=1):
-            if key not in table and key not in config:
+            value = table.get(key, config.get(key, _default_of(key)))
+            if value is None:
                 raise ValueError(
                     f"{path}: system {number} has no {key}, and the file gives none for all"
                 )
-            values += [table.get(key, config.get(key))] * copies
+            values += [value] * copies
         found[key] = values
     return found
+
+
+def _default_of(key: str) -> Any:
+    """The value a [[systems]] table takes for a per-system key that neither it nor the file
+    gives: the setting's default (None where it has none, as a thermostat's temperature)."""
+    from fastmace.charges import DEFAULT_CHARGE, DEFAULT_SPIN_MULTIPLICITY
+
+    defaults = {"charge": DEFAULT_CHARGE, "spin": DEFAULT_SPIN_MULTIPLICITY}
+    described = described_settings().get(key)
+    return described.default if described is not None else defaults.get(key)
 
 
 def _check_kinds(path: Path, config: dict[str, Any]) -> None:
