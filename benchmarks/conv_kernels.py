@@ -219,30 +219,33 @@ def potential_cases(model_name: str, atoms: int, loaded: Any, state: State,
     return cases
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def kernel_benchmark(doc: str, cases_of: Any, path: str, json_name: str) -> None:
+    """The command line both kernel benchmarks share (this one and product_kernels.py):
+    ``cases_of(model_name, atoms, loaded)`` for each size, a failing size recorded and the
+    others kept, a line per case, and DIR/``json_name``."""
+    global DEVICE
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--atoms", default="216,1728,13824")
     parser.add_argument("--model", default="mp0-medium")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
     args = parser.parse_args()
-    global DEVICE
-    DEVICE = args.device
+    DEVICE = args.device  # the timing helpers read it
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     loaded = load(f"template:{args.model}", backend="cueq", device=DEVICE, dtype="float32")
     cases: list[dict[str, Any]] = []
     for atoms in (int(text) for text in args.atoms.split(",")):
         try:
-            cases += convolution_cases(args.model, atoms, loaded)
+            cases += cases_of(args.model, atoms, loaded)
         except Exception as error:  # one size failing must not lose the others
             traceback.print_exc()
-            cases.append({"model": args.model, "atoms": atoms, "path": "convolution",
+            cases.append({"model": args.model, "atoms": atoms, "path": path,
                           "variant": "all", "status": "error", "ms_per_step": None,
                           "error": f"{type(error).__name__}: {error}"[:2000]})  # fmt: skip
         for case in cases:
             if case["atoms"] == atoms:
-                print(f"{case['atoms']:>7} {case['path']:<12} {case['variant']:<22} "
+                print(f"{case['atoms']:>7} {case['path']:<14} {case['variant']:<24} "
                       f"{case['status']:<6} {case.get('ms_per_step') or 0:9.3f} ms "
                       f"fwd {case.get('forward_ms') or 0:8.3f} "
                       f"wall {case.get('wall_ms') or 0:8.3f} "
@@ -253,7 +256,11 @@ def main() -> None:
     device = torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE
     record = {"device": device, "torch": torch.__version__,
               "seconds": time.perf_counter() - started, "cases": cases}  # fmt: skip
-    (args.out / "conv_kernels.json").write_text(json.dumps(record, indent=1))
+    (args.out / json_name).write_text(json.dumps(record, indent=1))
+
+
+def main() -> None:
+    kernel_benchmark(__doc__, convolution_cases, "convolution", "conv_kernels.json")
 
 
 if __name__ == "__main__":

@@ -23,11 +23,7 @@ script. docs/design/product-basis.md says what the kernels do.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +45,6 @@ from fastmace.dynamics.product_basis import (
     polynomial_of,
 )
 from fastmace.dynamics.state import State
-from fastmace.models.load import load
 
 
 def time_contraction(module: torch.nn.Module, x: torch.Tensor, indices: torch.Tensor) -> dict:
@@ -134,39 +129,7 @@ def potential_cases(model_name: str, atoms: int, loaded: Any, structure: Any) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--atoms", default="216,1728,13824")
-    parser.add_argument("--model", default="mp0-medium")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
-    args = parser.parse_args()
-    conv_kernels.DEVICE = args.device  # the timing helpers read it there
-    args.out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    loaded = load(f"template:{args.model}", backend="cueq", device=args.device, dtype="float32")
-    cases: list[dict[str, Any]] = []
-    for atoms in (int(text) for text in args.atoms.split(",")):
-        try:
-            cases += product_cases(args.model, atoms, loaded)
-        except Exception as error:  # one size failing must not lose the others
-            traceback.print_exc()
-            cases.append({"model": args.model, "atoms": atoms, "path": "product-basis",
-                          "variant": "all", "status": "error", "ms_per_step": None,
-                          "error": f"{type(error).__name__}: {error}"[:2000]})  # fmt: skip
-        for case in cases:
-            if case["atoms"] == atoms:
-                print(f"{case['atoms']:>7} {case['path']:<14} {case['variant']:<24} "
-                      f"{case['status']:<6} {case.get('ms_per_step') or 0:9.3f} ms "
-                      f"fwd {case.get('forward_ms') or 0:8.3f} "
-                      f"wall {case.get('wall_ms') or 0:8.3f} "
-                      f"{json.dumps(case.get('errors_vs_float64') or case.get('forces_vs_cueq'))}",
-                      flush=True)  # fmt: skip
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
-    device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    record = {"device": device, "torch": torch.__version__,
-              "seconds": time.perf_counter() - started, "cases": cases}  # fmt: skip
-    (args.out / "product_kernels.json").write_text(json.dumps(record, indent=1))
+    conv_kernels.kernel_benchmark(__doc__, product_cases, "product-basis", "product_kernels.json")
 
 
 if __name__ == "__main__":
