@@ -68,6 +68,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 67  # stage 66's first half (the device time left)
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 68  # why a regrown list recompiles on CUDA
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 69  # the own product basis: tests, kernels
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 70  # issue 32: gpu tests; before/after, .baseline
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1015,6 +1016,28 @@ PY
     --out "$OUT/product" > "$OUT/product_kernels.log" 2>&1
   echo "product kernels: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/product_kernels.log"
+  ;;
+70)
+  # Issue 32 (one engine builder, fm.md and Simulation in stages, the ensemble catalog) must
+  # leave behaviour and speed unchanged: every GPU test but the product basis' (stage 69) and
+  # POLAR-1's, then the default path at 13,824 and 216 atoms on .baseline (bb844a3, before the
+  # issue) and on this checkout, in one process each.
+  gpu_tests 70 330 "$tests/test_converted_cache.py" "$tests/test_dispersion_triton.py" \
+    "$tests/test_edge_chunks.py" "$tests/test_engine_gpu.py" "$tests/test_engine_settings.py" \
+    "$tests/test_fused_conv.py" "$tests/test_gpu_name.py" "$tests/test_integrators.py" \
+    "$tests/test_md_environment.py" "$tests/test_neighbours.py" "$tests/test_pair_radials.py" \
+    "$tests/test_potential.py" "$tests/test_quiet_run.py" "$tests/test_radial_table.py" \
+    "$tests/test_relax.py" "$tests/test_spread.py"
+  only="mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default"
+  site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
+  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout 110 python3 \
+    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s 100 --case-timeout-s 90 \
+    --only "$only" > "$OUT/before.log" 2>&1
+  echo "before: exit $?"
+  timeout 110 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 100 \
+    --case-timeout-s 90 --only "$only" > "$OUT/after.log" 2>&1
+  echo "after: exit $?"
+  grep -hE "\| (mp0|mh)" "$OUT"/before/md_speed.md "$OUT"/after/md_speed.md
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
