@@ -69,6 +69,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 68  # why a regrown list recompiles on CUDA
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 69  # the own product basis: tests, kernels
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 70  # issue 32: gpu tests; before/after, .baseline
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 71  # product basis gpu test; before/after 13,824
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1036,6 +1037,22 @@ PY
   echo "before: exit $?"
   timeout 110 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 100 \
     --case-timeout-s 90 --only "$only" > "$OUT/after.log" 2>&1
+  echo "after: exit $?"
+  grep -hE "\| (mp0|mh)" "$OUT"/before/md_speed.md "$OUT"/after/md_speed.md
+  ;;
+71)
+  # Stage 70's before/after skipped both cases (each needs about 115 s of md_speed's budget),
+  # and stage 69's GPU test passed edges on the CPU: the test again, then 13,824 atoms alone,
+  # before and after, with the time it needs.
+  gpu_tests 71 120 "$tests/test_product_basis.py"
+  only="mp0-medium/13824/fastmace-default"
+  site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
+  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout 200 python3 \
+    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s 190 --case-timeout-s 180 \
+    --only "$only" > "$OUT/before.log" 2>&1
+  echo "before: exit $?"
+  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 190 \
+    --case-timeout-s 180 --only "$only" > "$OUT/after.log" 2>&1
   echo "after: exit $?"
   grep -hE "\| (mp0|mh)" "$OUT"/before/md_speed.md "$OUT"/after/md_speed.md
   ;;

@@ -30,7 +30,7 @@ import ase.io
 import numpy as np
 import pytest
 from conftest import EXAMPLE, copper, run_fastmace, tree
-from test_model_trust import _WritesMarker
+from helpers.malicious import WritesMarker
 
 import fastmace as fm
 from fastmace.io import load_restart, read_trajectory
@@ -418,7 +418,7 @@ def test_a_checkpoint_swapped_back_and_forth_while_it_is_loaded_never_runs(clean
     marker, path = tmp_path / "marker", tmp_path / "own.model"
     good, bad = tmp_path / "good", tmp_path / "bad"
     shutil.copyfile(DEMO, good)
-    torch.save({"payload": _WritesMarker(marker)}, bad)
+    torch.save({"payload": WritesMarker(marker)}, bad)
     sha = hashlib.sha256(good.read_bytes()).hexdigest()
     shutil.copyfile(good, path)
     stop, swaps = threading.Event(), [0]

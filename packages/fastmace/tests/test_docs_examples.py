@@ -7,19 +7,15 @@ from __future__ import annotations
 
 import ast
 import inspect
-import re
 import shlex
-from pathlib import Path
 
 import pytest
+from helpers.docs_pages import BLOCK, PAGES, ROOT, command_lines
 
 import fastmace
 from fastmace.cli.main import build_parser
 from fastmace.ensemble_catalog import setting_names
 
-ROOT = Path(__file__).resolve().parents[3]
-PAGES = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
-BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 # Keyword arguments a function takes through **kwargs, by function.
 THROUGH_KWARGS = {"md": set(setting_names())}
 
@@ -37,19 +33,8 @@ PYTHON = _blocks(("python",))
 SHELL = _blocks(("bash", "sh", "console"))
 
 
-def _command_lines(body: str) -> list[str]:
-    """The ``fastmace ...`` commands of a shell block, continuations joined, each cut at a
-    comment, pipe, ``&&`` or redirection."""
-    lines = []
-    for line in body.replace("\\\n", " ").splitlines():
-        line = line.strip().removeprefix("$ ")
-        if line.startswith("fastmace "):
-            lines.append(re.split(r" #|\||&&|>", line)[0].strip())
-    return lines
-
-
 def test_the_pages_have_examples_to_check():
-    assert len(PYTHON) >= 10 and sum(len(_command_lines(b)) for _, b in SHELL) >= 10
+    assert len(PYTHON) >= 10 and sum(len(command_lines(b)) for _, b in SHELL) >= 10
 
 
 @pytest.mark.parametrize(
@@ -76,7 +61,7 @@ def test_python_examples_call_what_exists(page, code):
             assert known, f"{page}: fm.{name}() has no argument {keyword.arg!r}"
 
 
-COMMANDS = [(page, line) for page, body in SHELL for line in _command_lines(body)]
+COMMANDS = [(page, line) for page, body in SHELL for line in command_lines(body)]
 
 
 @pytest.mark.parametrize(

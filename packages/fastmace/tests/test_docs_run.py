@@ -27,7 +27,7 @@ from pathlib import Path
 import ase.build
 import ase.io
 import pytest
-from test_docs_examples import PAGES, ROOT, _command_lines
+from helpers.docs_pages import PAGES, ROOT, command_lines
 
 import fastmace as fm
 
@@ -149,7 +149,7 @@ def _commands(page: Path) -> list[str]:
     found = []
     for language in ("bash", "sh", "console"):
         for body in _blocks(page, language):
-            found += _command_lines(body)
+            found += command_lines(body)
     return found
 
 

@@ -17,7 +17,8 @@ import io
 import pytest
 import torch
 from conftest import cueq_template, model_edges
-from test_potential import ase_edges, cluster, copper_supercell, model_of, triclinic_mixed
+from helpers.potential_checks import model_of
+from helpers.structures import ase_edges, cluster, copper_supercell, triclinic_mixed
 
 from fastmace.dynamics.edge_chunks import (
     GATHERED,

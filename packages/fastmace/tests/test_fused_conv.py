@@ -15,14 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import CompileForHopper, cueq_template, model_edges, python_report
-from test_potential import (
-    ase_edges,
-    assert_matches_reference,
-    cluster,
-    copper_supercell,
-    model_of,
-    triclinic_mixed,
-)
+from helpers.potential_checks import assert_matches_reference, model_of
+from helpers.structures import ase_edges, cluster, copper_supercell, triclinic_mixed
 
 from fastmace.dynamics.fused_conv import (
     ConvolutionError,

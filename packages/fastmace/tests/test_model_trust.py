@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.malicious import WritesMarker
 
 import fastmace as fm
 from fastmace.models import files
@@ -19,22 +20,12 @@ from fastmace.models.label_table import find_checkpoint
 DEMO = Path(files.__file__).parent / "demo" / "demo-emt-cu.model"
 
 
-class _WritesMarker:
-    """Unpickling this opens (creates) the marker file: the stand-in for malicious code."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (str(self.marker), "w"))
-
-
 @pytest.fixture
 def malicious(tmp_path):
     """A checkpoint-shaped file whose unpickling writes ``marker``; both in tmp_path."""
     marker = tmp_path / "marker"
     path = tmp_path / "malicious.model"
-    torch.save({"payload": _WritesMarker(marker)}, path)
+    torch.save({"payload": WritesMarker(marker)}, path)
     return path, marker
 
 

@@ -9,17 +9,8 @@ import dataclasses
 import pytest
 import torch
 from conftest import model_edges
-from test_potential import (
-    ase_edges,
-    assert_matches_reference,
-    assert_same,
-    cluster,
-    copper_supercell,
-    model_of,
-    on_cpu,
-    small_cell,
-    triclinic_mixed,
-)
+from helpers.potential_checks import assert_matches_reference, assert_same, model_of, on_cpu
+from helpers.structures import ase_edges, cluster, copper_supercell, small_cell, triclinic_mixed
 
 from fastmace.dynamics.pair_radials import (
     PairIndexedConvolution,

@@ -10,15 +10,28 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
 
-import ase
 import numpy as np
 import pytest
 import torch
-from ase.build import bulk, molecule
+from ase.build import bulk
 from ase.cluster import Icosahedron
-from ase.neighborlist import neighbor_list
+from helpers.potential_checks import (
+    assert_matches_reference,
+    assert_same,
+    model_of,
+    on_cpu,
+    run,
+)
+from helpers.structures import (
+    STRUCTURES,
+    ase_edges,
+    cluster,
+    copper_supercell,
+    edges_on,
+    small_cell,
+    triclinic_mixed,
+)
 
 import fastmace as fm
 from fastmace.dynamics import potential as potential_module
@@ -32,154 +45,10 @@ from fastmace.dynamics.potential import (
     check_potential,
     pad_edges,
 )
-from fastmace.dynamics.state import PotentialOutput, State
+from fastmace.dynamics.state import State
 from fastmace.models import backends
 from fastmace.models.checkpoint import contained, import_mace
-from fastmace.models.reference import evaluate
 from fastmace.models.templates import TEMPLATES, template
-
-# --- Helpers --------------------------------------------------------------------------------------
-
-
-def ase_edges(state: State, cutoff: float, capacity_factor: float = 1.0) -> Edges:
-    """Edges of every system from ASE's neighbour list, padded to ``capacity_factor`` x count.
-
-    Padding slots are self-edges of atom 0 with zero shift: zero-length vectors, the worst a
-    neighbour list could leave there.
-    """
-    senders, receivers, shifts = [], [], []
-    offset = 0
-    for atoms in state.to_atoms():
-        i, j, unit_shifts = neighbor_list("ijS", atoms, cutoff)
-        senders.append(i + offset)
-        receivers.append(j + offset)
-        shifts.append(unit_shifts)
-        offset += len(atoms)
-    count = sum(len(s) for s in senders)
-    capacity = max(round(capacity_factor * count), 1)
-    edge_index = torch.zeros((2, capacity), dtype=torch.int64)
-    edge_index[0, :count] = torch.as_tensor(np.concatenate(senders))
-    edge_index[1, :count] = torch.as_tensor(np.concatenate(receivers))
-    unit_shifts = torch.zeros((capacity, 3), dtype=torch.float64)
-    unit_shifts[:count] = torch.as_tensor(np.concatenate(shifts), dtype=torch.float64)
-    mask = torch.zeros(capacity, dtype=torch.bool)
-    mask[:count] = True
-    return Edges(edge_index, unit_shifts, mask, torch.tensor(count), torch.tensor(False))
-
-
-def random_structure(numbers: Sequence[int], cell: np.ndarray, seed: int, min_distance: float):
-    """Atoms at random positions in a periodic ``cell``, at least ``min_distance`` apart."""
-    rng = np.random.default_rng(seed)
-    atoms = ase.Atoms(cell=cell, pbc=True)
-    while len(atoms) < len(numbers):
-        trial = atoms + ase.Atom(numbers[len(atoms)], rng.uniform(0, 1, 3) @ np.asarray(cell))
-        if len(trial) == 1 or trial.get_distances(-1, range(len(atoms)), mic=True).min() > (
-            min_distance
-        ):
-            atoms = trial
-    return atoms
-
-
-def copper_supercell(repeat: tuple[int, int, int] = (2, 2, 2)) -> ase.Atoms:
-    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(repeat)
-    atoms.rattle(stdev=0.05, seed=1)
-    return atoms
-
-
-def triclinic_mixed() -> ase.Atoms:
-    cell = np.array([[6.1, 0.0, 0.0], [2.2, 5.7, 0.0], [-1.4, 1.9, 5.9]])
-    return random_structure([29, 29, 29, 8, 8, 6, 1, 1, 29, 8], cell, seed=3, min_distance=1.6)
-
-
-def small_cell() -> ase.Atoms:
-    """Two atoms in a skewed cell of 2.7-3.1 Å: every cut-off reaches many images."""
-    cell = np.array([[2.9, 0.0, 0.0], [0.8, 2.7, 0.0], [0.5, -0.6, 3.0]])
-    return ase.Atoms("CuO", scaled_positions=[[0, 0, 0], [0.45, 0.55, 0.5]], cell=cell, pbc=True)
-
-
-def cluster() -> ase.Atoms:
-    """Ethanol and a copper atom, without a cell."""
-    atoms = molecule("CH3CH2OH")
-    oxygen = atoms.positions[atoms.get_chemical_symbols().index("O")]
-    atoms += ase.Atom("Cu", oxygen + np.array([0.0, 0.0, 2.0]))
-    atoms.rattle(stdev=0.03, seed=2)
-    return atoms
-
-
-STRUCTURES = {
-    "fcc-cu": copper_supercell,
-    "triclinic": triclinic_mixed,
-    "small-cell": small_cell,
-    "cluster": cluster,
-}
-
-_MODELS: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
-
-
-def model_of(name: str, dtype: torch.dtype) -> torch.nn.Module:
-    """A template model, built once per test session."""
-    if (name, dtype) not in _MODELS:
-        _MODELS[name, dtype] = template(name, seed=0, dtype=dtype)
-    return _MODELS[name, dtype]
-
-
-def run(potential: Potential, structures: Sequence[ase.Atoms], factor: float = 1.5, **kwargs):
-    state = State.from_atoms(list(structures))
-    return state, potential(state, ase_edges(state, potential.r_max, factor), **kwargs)
-
-
-def scale_tolerance(dtype: torch.dtype, scale: float, epsilons: float = 100) -> float:
-    return epsilons * torch.finfo(dtype).eps * scale
-
-
-def assert_matches_reference(
-    model: torch.nn.Module,
-    structures: Sequence[ase.Atoms],
-    output: PotentialOutput,
-    state: State,
-    head: str | None = None,
-) -> None:
-    """Each system of ``output`` equals mace-torch's result for it alone."""
-    dtype = next(model.parameters()).dtype
-    for index, atoms in enumerate(structures):
-        expected = evaluate(model, atoms, head=head)
-        rows = (state.system == index).numpy()
-        energy = float(output.energy[index])
-        forces = output.forces.numpy()[rows]
-        assert abs(energy - expected.energy) <= scale_tolerance(
-            dtype, max(abs(expected.energy), len(atoms))
-        ), (index, energy, expected.energy)
-        np.testing.assert_allclose(
-            forces,
-            expected.forces,
-            rtol=0,
-            atol=scale_tolerance(dtype, max(np.abs(expected.forces).max(), 1.0)),
-        )
-        stress = output.stress[index].numpy()
-        if expected.stress is None:  # no cell: mace-torch gives no stress, we give zero
-            assert not atoms.pbc.any() and not stress.any()
-        else:
-            np.testing.assert_allclose(
-                stress,
-                expected.stress,
-                rtol=0,
-                atol=scale_tolerance(dtype, max(np.abs(expected.stress).max(), 0.01)),
-            )
-
-
-def assert_same(
-    first: PotentialOutput, second: PotentialOutput, dtype: torch.dtype, epsilons: float = 4
-) -> None:
-    """Equal to ``epsilons`` (4: what "the same result" means for padding) of the scale."""
-    for name, floor in (("energy", float(first.forces.shape[0])), ("forces", 1.0)):
-        a, b = getattr(first, name), getattr(second, name)
-        scale = max(float(a.abs().max()), floor)
-        assert float((a - b).abs().max()) <= scale_tolerance(dtype, scale, epsilons), name
-    if first.stress is not None:
-        scale = max(float(first.stress.abs().max()), 0.01)
-        error = float((first.stress - second.stress).abs().max())
-        assert error <= scale_tolerance(dtype, scale, epsilons), "stress"
-
 
 # --- Agreement with mace-torch --------------------------------------------------------------------
 
@@ -381,14 +250,6 @@ def test_conformance_check_catches_a_broken_potential(broken, message):
 
 
 # --- On the GPU: every backend, no host synchronisation, capture in a CUDA graph ------------------
-
-
-def edges_on(edges: Edges, device: torch.device | str) -> Edges:
-    return Edges(*(v.to(device) if torch.is_tensor(v) else v for v in vars(edges).values()))
-
-
-def on_cpu(output: PotentialOutput) -> PotentialOutput:
-    return PotentialOutput(*(None if t is None else t.to("cpu") for t in vars(output).values()))
 
 
 @pytest.mark.gpu

@@ -12,14 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import CompileForHopper, cueq_template, python_report
-from test_potential import (
-    ase_edges,
-    assert_matches_reference,
-    cluster,
-    copper_supercell,
-    model_of,
-    triclinic_mixed,
-)
+from helpers.potential_checks import assert_matches_reference, model_of, on_cpu
+from helpers.structures import ase_edges, cluster, copper_supercell, edges_on, triclinic_mixed
 
 from fastmace.dynamics.potential import Potential, UnsupportedModelError
 from fastmace.dynamics.product_basis import (
@@ -281,7 +275,9 @@ def test_on_the_gpu_the_kernels_and_the_potential_agree(clean_env, tmp_path):
     assert_kernels_agree(compare(clean_env, "cuda", tmp_path))
     model = backends.convert(model_of("mp0-medium", torch.float64), "cueq", "cuda")
     structures = [copper_supercell(), triclinic_mixed(), cluster()]
-    state = State.from_atoms(structures, device="cuda")
+    state = State.from_atoms(structures)
     potential = Potential(model, SPECIES, product_basis=True)
-    output = potential(state, ase_edges(state, potential.r_max, 1.5), compute_stress=True)
-    assert_matches_reference(model_of("mp0-medium", torch.float64), structures, output, state)
+    edges = edges_on(ase_edges(state, potential.r_max, 1.5), "cuda")
+    output = potential(State.from_atoms(structures, device="cuda"), edges, compute_stress=True)
+    reference = model_of("mp0-medium", torch.float64)
+    assert_matches_reference(reference, structures, on_cpu(output), state)

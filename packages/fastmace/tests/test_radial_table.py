@@ -13,14 +13,8 @@ import ase.build
 import pytest
 import torch
 from conftest import CompileForHopper, model_edges, python_report
-from test_potential import (
-    assert_matches_reference,
-    cluster,
-    copper_supercell,
-    model_of,
-    small_cell,
-    triclinic_mixed,
-)
+from helpers.potential_checks import assert_matches_reference, model_of
+from helpers.structures import cluster, copper_supercell, small_cell, triclinic_mixed
 
 import fastmace as fm
 from fastmace.dynamics.potential import Potential, UnsupportedModelError
