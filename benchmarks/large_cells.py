@@ -67,13 +67,13 @@ def first_plan(structure, expandable_segments: bool | None = None) -> Plan:
 @contextlib.contextmanager
 def padding_as(variant: str) -> Iterator[None]:
     """Every padding edge on one padding node for "one-padding-node", as before it was spread."""
-    spread = potential_module.EDGES_PER_PADDING_NODE
+    spread = potential_module.ATOMS_PER_PADDING_NODE
     if variant == "one-padding-node":
-        potential_module.EDGES_PER_PADDING_NODE = 1 << 62
+        potential_module.ATOMS_PER_PADDING_NODE = 1 << 62
     try:
         yield
     finally:
-        potential_module.EDGES_PER_PADDING_NODE = spread
+        potential_module.ATOMS_PER_PADDING_NODE = spread
 
 
 def run_case(

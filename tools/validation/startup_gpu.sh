@@ -70,6 +70,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 69  # the own product basis: tests, kernels
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 70  # issue 32: gpu tests; before/after, .baseline
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 71  # product basis gpu test; before/after 13,824
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 72  # compiled start-up, padding nodes by atoms
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1055,6 +1056,15 @@ PY
     --case-timeout-s 180 --only "$only" > "$OUT/after.log" 2>&1
   echo "after: exit $?"
   grep -hE "\| (mp0|mh)" "$OUT"/before/md_speed.md "$OUT"/after/md_speed.md
+  ;;
+72)
+  # Stage 68: a regrown list recompiled the model (13 s) because the number of padding nodes
+  # followed the edge capacity; it now follows the atoms. The compiled start-up cold and warm,
+  # with Dynamo's recompilations logged.
+  export FASTMACE_CACHE=/tmp/fastmace-cache-72 TORCH_LOGS=recompiles
+  compiled_startup 200 120
+  grep -hE "^step|^done" "$OUT"/startup-13824/warm.log | head -12
+  echo "recompilations: $(grep -hc "Recompiling function" "$OUT"/startup-13824/*.log | tr '\n' ' ')"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -149,18 +149,17 @@ def test_padding_changes_nothing_even_when_padding_slots_hold_garbage():
 
 def test_padding_is_spread_over_padding_nodes_and_changes_nothing(monkeypatch):
     # Kernels sum into receivers with atomic adds, one at a time per address: all padding on
-    # one node took minutes at a million atoms on an H200. A small slots-per-node here gives
+    # one node took minutes at a million atoms on an H200. A small atoms-per-node here gives
     # several padding nodes on a CPU-sized batch.
-    monkeypatch.setattr(potential_module, "EDGES_PER_PADDING_NODE", 32)
+    monkeypatch.setattr(potential_module, "ATOMS_PER_PADDING_NODE", 8)
     model = model_of("tiny", torch.float64)
     potential = Potential(model, [29, 8, 6, 1])
     state = State.from_atoms([copper_supercell(), triclinic_mixed(), cluster()])
     exact = ase_edges(state, potential.r_max, 1.0)
     padded = pad_edges(exact, 301)
     graph = potential._graph(state, padded, compute_stress=False)
-    slots = padded.edge_index.shape[1]
-    nodes = potential_module.padding_nodes(slots)
-    assert nodes == -(-slots // 32) > 1
+    nodes = potential_module.padding_nodes(state.n_atoms)
+    assert nodes == -(-state.n_atoms // 8) > 1
     assert graph.data["node_attrs"].shape[0] == state.n_atoms + nodes
     receivers = graph.data["edge_index"][1]
     on_padding = receivers[receivers >= state.n_atoms] - state.n_atoms
@@ -173,8 +172,28 @@ def test_padding_is_spread_over_padding_nodes_and_changes_nothing(monkeypatch):
     )
 
 
+def test_a_regrown_list_changes_the_number_of_edges_only(monkeypatch):
+    # A compiled model has the edge count symbolic and every other size fixed: a node count
+    # that followed the list's capacity recompiled the model after a regrowth (13 s, H200).
+    monkeypatch.setattr(potential_module, "ATOMS_PER_PADDING_NODE", 8)
+    potential = Potential(model_of("tiny", torch.float64), [29, 8, 6, 1])
+    state = State.from_atoms([copper_supercell(), triclinic_mixed()])
+    exact = ase_edges(state, potential.r_max, 1.0)
+    shapes = []
+    for extra in (0, 64, 5000):
+        data = potential._graph(state, pad_edges(exact, extra), compute_stress=True).data
+        shapes.append({key: tuple(value.shape) for key, value in data.items()})
+    for key in shapes[0]:
+        edge_dimension = dict(potential_module.EDGE_DIMENSIONS).get(key)
+        for other in shapes[1:]:
+            assert [n for d, n in enumerate(other[key]) if d != edge_dimension] == [
+                n for d, n in enumerate(shapes[0][key]) if d != edge_dimension
+            ], key
+    assert shapes[0]["batch"][0] == state.n_atoms + -(-state.n_atoms // 8)
+
+
 def test_mirrored_padding_pairs_stay_pairs_on_their_padding_node(monkeypatch):
-    monkeypatch.setattr(potential_module, "EDGES_PER_PADDING_NODE", 16)
+    monkeypatch.setattr(potential_module, "ATOMS_PER_PADDING_NODE", 4)
     model = model_of("tiny", torch.float64)
     potential = Potential(model, [29, 8, 6, 1])
     state = State.from_atoms([copper_supercell(), cluster()])

@@ -14,8 +14,8 @@ forces, not in the stress. Their edges are self-edges with a fixed vector of len
 so their spherical harmonics and radial basis stay finite (a zero-length edge would give NaN)
 and mace's polynomial cutoff, exactly zero beyond ``r_max``, keeps their features small.
 
-The padding edges are spread over one padding node per :data:`EDGES_PER_PADDING_NODE` edge
-slots, slot by slot in turn. The kernels sum messages into their receivers (and gradients into
+The padding edges are spread over one padding node per :data:`ATOMS_PER_PADDING_NODE` atoms,
+slot by slot in turn. The kernels sum messages into their receivers (and gradients into
 their senders) with atomic adds, which one memory address takes one at a time: with a single
 padding node, a million atoms' headroom (millions of padding edges, each adding a row of
 thousands of numbers to that node's row) kept an H200 busy for minutes in one convolution.
@@ -545,7 +545,7 @@ class Potential(torch.nn.Module):
         # Rerouted edges: self-edges of the padding nodes (from index n_atoms) with a fixed
         # vector.
         shifts = torch.where(real.unsqueeze(-1), shifts, self.padding_shift)
-        padding = padding_nodes(edge_index.shape[1])
+        padding = padding_nodes(n_atoms)
         edge_index = torch.where(real, edge_index, n_atoms + _padding_node_of_slot(edges, padding))
         padded = torch.cat([positions_moved, positions_moved.new_zeros(padding, 3)])
         # The edge vectors are formed here and handed to the model as its "shifts", with all
@@ -790,14 +790,17 @@ class _Graph:
     displacement: torch.Tensor | None
 
 
-# Edge slots per padding node: a few hundred padding edges per node at the neighbour list's
-# usual headroom (a real atom has tens to a hundred edges), and under 1 % more nodes.
-EDGES_PER_PADDING_NODE = 8192
+# Atoms per padding node: an atom has tens to a hundred edge slots, a few tens of percent of
+# them headroom, so a node takes a few hundred to a thousand padding edges; under 1 % more
+# nodes. Counted from atoms, not edge slots, so the node count is fixed for a run: a regrown
+# list changes only the number of edges, which a compiled model has symbolic (a new node
+# count recompiled the model, 13 s at 13,824 atoms on an H200).
+ATOMS_PER_PADDING_NODE = 128
 
 
-def padding_nodes(edge_slots: int) -> int:
-    """How many padding nodes a batch with ``edge_slots`` edge slots gets (at least one)."""
-    return max(1, -(-edge_slots // EDGES_PER_PADDING_NODE))
+def padding_nodes(n_atoms: int) -> int:
+    """How many padding nodes a batch of ``n_atoms`` atoms gets (at least one)."""
+    return max(1, -(-n_atoms // ATOMS_PER_PADDING_NODE))
 
 
 def _padding_node_of_slot(edges: Edges, padding: int) -> torch.Tensor:
