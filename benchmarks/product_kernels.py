@@ -6,8 +6,8 @@ cuEquivariance):
 
 * the block's symmetric contraction forward, and forward + backward (what forces need): the
   GPU's kernel time per call (profiler) and the wall time per eager call (CUDA events), for
-  cuEquivariance's module and FastMACE's (dynamics/product_basis.py) with the run's elements,
-  with each of its kernels (generated from the basis's terms, and reading a table);
+  cuEquivariance's module and FastMACE's (dynamics/product_basis.py, its kernels generated
+  from the basis's terms by product_codegen.py) with the run's elements;
 * each one's largest error against the same polynomial in float64, relative to the largest
   value, for the output and for the features' gradient;
 * then the whole potential (energy and forces; radial tables as the default path has them)
@@ -37,7 +37,6 @@ from profile_step import graph_ms, nacl
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.product_basis import (
-    KERNELS,
     ProductBasis,
     contract_backward_reference,
     contract_reference,
@@ -80,9 +79,8 @@ def product_cases(model_name: str, atoms: int, loaded: Any) -> list[dict[str, An
         x = torch.randn((atoms, theirs.irreps_in.dim), generator=generator, device=device)
         indices = element.to(torch.int32)
         timings = {"cueq": time_contraction(theirs, x, indices)}
-        for kernels in KERNELS:  # generated from the basis's terms, and the coefficient table
-            ours = ProductBasis(polynomial, theirs, torch.float32, torch.device(device), kernels)
-            timings[f"fastmace-{kernels}"] = time_contraction(ours, x, indices)
+        ours = ProductBasis(polynomial, theirs, torch.float32, torch.device(device))
+        timings["fastmace-terms"] = time_contraction(ours, x, indices)
         rows = polynomial.rows.to(device)[element]
         features = x.double().view(atoms, polynomial.inputs, polynomial.channels)
         coefficients = polynomial.coefficients.to(device)

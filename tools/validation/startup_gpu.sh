@@ -71,6 +71,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 70  # issue 32: gpu tests; before/after, .baseline
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 71  # product basis gpu test; before/after 13,824
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 72  # compiled start-up, padding nodes by atoms
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 73  # product basis tiled; stage 72
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1062,6 +1063,20 @@ PY
   # followed the edge capacity; it now follows the atoms. The compiled start-up cold and warm,
   # with Dynamo's recompilations logged.
   export FASTMACE_CACHE=/tmp/fastmace-cache-72 TORCH_LOGS=recompiles
+  compiled_startup 200 120
+  grep -hE "^step|^done" "$OUT"/startup-13824/warm.log | head -12
+  echo "recompilations: $(grep -hc "Recompiling function" "$OUT"/startup-13824/*.log | tr '\n' ' ')"
+  ;;
+73)
+  # Stage 69: the generated product-basis kernels took 2.4x cuEquivariance's time; a 32-channel
+  # program ran on four warps (each value computed four times). Now a tile of 128 values on
+  # four warps, float32 coefficients as literals. The kernels against cuEquivariance's, then
+  # stage 72 (the compiled start-up with padding nodes counted from atoms).
+  timeout 200 python3 benchmarks/product_kernels.py --atoms 216,1728,13824 \
+    --out "$OUT/product" > "$OUT/product_kernels.log" 2>&1
+  echo "product kernels: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/product_kernels.log" | cut -c1-100
+  export FASTMACE_CACHE=/tmp/fastmace-cache-73 TORCH_LOGS=recompiles
   compiled_startup 200 120
   grep -hE "^step|^done" "$OUT"/startup-13824/warm.log | head -12
   echo "recompilations: $(grep -hc "Recompiling function" "$OUT"/startup-13824/*.log | tr '\n' ' ')"

@@ -1,4 +1,4 @@
-"""FastMACE's own product basis (dynamics/product_basis.py, product_triton.py): the polynomial
+"""FastMACE's own product basis (dynamics/product_basis.py, product_codegen.py): the polynomial
 read from each block is the block's symmetric contraction; the backward formula is the
 gradient; the Triton kernels give the torch formulas' numbers in Triton's interpreter (CPU)
 and compile for Hopper; a Potential that contracts with them gives mace-torch's float64
@@ -132,7 +132,7 @@ def test_the_backward_formula_is_the_gradient_of_the_forward():
 # The child reads the polynomials this process read (compare) and runs the kernels on them.
 COMPARE = """
 import json, torch
-from fastmace.dynamics import product_codegen, product_triton
+from fastmace.dynamics import product_codegen
 from fastmace.dynamics.product_basis import contract_backward_reference, contract_reference
 
 report = {{}}
@@ -154,10 +154,8 @@ for name, p in polynomials.items():
         t = coefficients.to({device!r}, dtype)
         w, c = p["weights"].to({device!r}, dtype), terms.to({device!r}, dtype)
         want = [contract_reference(x, rows, monomials, t),
-                contract_backward_reference(g, x, rows, t, entries, offsets)] * 2
-        got = [product_triton.forward(x, rows, monomials, t),
-               product_triton.backward(g, x, rows, t, entries, offsets),
-               product_codegen.forward(key, x, rows, w, c),
+                contract_backward_reference(g, x, rows, t, entries, offsets)]
+        got = [product_codegen.forward(key, x, rows, w, c),
                product_codegen.backward(key, g, x, rows, w, c)]
         report[f"{{name}} {{dtype}}"] = [
             [float((a[:-1] - b[:-1]).abs().max() / b[:-1].abs().max()) for a, b in zip(got, want)],
@@ -191,33 +189,13 @@ def assert_kernels_agree(report: dict) -> None:
     assert len(report) == 8
     for case, (errors, nan_where_no_row) in report.items():
         rounding = 1e-5 if "float32" in case else 1e-13  # summation order
-        # The table's kernels, forward and backward, then the generated ones.
-        assert len(errors) == 4 and all(error <= rounding for error in errors), (case, errors)
-        assert len(nan_where_no_row) == 4 and all(nan_where_no_row), case
+        # The generated kernels, forward and backward.
+        assert len(errors) == 2 and all(error <= rounding for error in errors), (case, errors)
+        assert len(nan_where_no_row) == 2 and all(nan_where_no_row), case
 
 
 def test_the_kernels_match_the_torch_formulas_in_the_interpreter(clean_env, tmp_path):
     assert_kernels_agree(compare({**clean_env, "TRITON_INTERPRET": "1"}, "cpu", tmp_path))
-
-
-def test_the_kernels_compile_for_hopper(monkeypatch):
-    """Triton's whole pipeline down to an sm_90 cubin, at the sizes of MP-0 medium's first
-    product block (410 monomials of 16 components, 4 outputs, 128 channels: what it compiles
-    depends on the sizes and dtypes alone, so the tables here hold zeros)."""
-    from fastmace.dynamics import product_triton as kernels
-
-    names = ("_product_forward", "_product_backward")
-    compiled: list[str] = []
-    for name in names:
-        monkeypatch.setattr(kernels, name, CompileForHopper(getattr(kernels, name), compiled))
-    inputs, outputs, channels, monomials = 16, 4, 128, 410
-    table = torch.zeros((monomials, 3), dtype=torch.int32)
-    coefficients = torch.zeros((2, outputs, monomials, channels))
-    entries, offsets = derivative_entries(table, inputs)
-    x, rows = torch.zeros(5, inputs, channels), torch.zeros(5, dtype=torch.int32)
-    kernels.forward(x, rows, table, coefficients)
-    kernels.backward(torch.zeros(5, outputs, channels), x, rows, coefficients, entries, offsets)
-    assert compiled == list(names)
 
 
 def test_the_generated_kernels_compile_for_hopper():
@@ -239,7 +217,7 @@ def test_the_generated_kernels_compile_for_hopper():
         p, i = (torch.randint(0, n, (count,), generator=generator) for n in (29, 4))
         basis[m, p, i] = value
     key = product_codegen.register(monomials, basis, 16)
-    module = product_codegen.kernels(key)
+    module = product_codegen.kernels(key, literal=True)  # float32: coefficients in the code
     compiled: list[str] = []
     for name in ("_forward", "_backward"):
         setattr(module, name, CompileForHopper(getattr(module, name), compiled))
@@ -250,7 +228,7 @@ def test_the_generated_kernels_compile_for_hopper():
         product_codegen.forward(key, x, rows, weights, terms)
         product_codegen.backward(key, torch.zeros(5, 4, 128), x, rows, weights, terms)
     finally:
-        product_codegen._LOADED.pop(key)  # the stand-ins are not kernels
+        product_codegen._LOADED.pop((key, True))  # the stand-ins are not kernels
     assert compiled == ["_forward", "_backward"]
 
 

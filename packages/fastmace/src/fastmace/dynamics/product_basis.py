@@ -15,10 +15,10 @@ evaluates) and keeps the monomials that occur, and :func:`product_disagreement` 
 result against the module on random inputs before it is used. The coefficients are made for
 the elements of one run, as the skip connection's maps are (dynamics/species_linear.py).
 
-On CUDA the sum runs as Triton kernels (dynamics/product_triton.py), forward and backward;
-elsewhere as the same formulas in torch. Only the symmetric contraction changes: the linear
-map after it and the skip connection stay as they are. docs/design/product-basis.md says how
-it works and where it stands.
+On CUDA the sum runs as Triton kernels generated from the basis's nonzero terms
+(dynamics/product_codegen.py), forward and backward; elsewhere as the same formulas in torch.
+Only the symmetric contraction changes: the linear map after it and the skip connection stay
+as they are. docs/design/product-basis.md says how it works and where it stands.
 """
 
 from __future__ import annotations
@@ -151,52 +151,6 @@ def derivative_entries(monomials: torch.Tensor, inputs: int) -> tuple[torch.Tens
 # ----------------------------------------------------------------------------- the operator
 
 
-@torch.library.custom_op("fastmace::product_basis", mutates_args=())
-def product_basis(
-    x: torch.Tensor,
-    rows: torch.Tensor,
-    monomials: torch.Tensor,
-    coefficients: torch.Tensor,
-    entries: torch.Tensor,
-    offsets: torch.Tensor,
-) -> torch.Tensor:
-    """(N, D_in, C) features and (N,) coefficient rows -> (N, D_out, C); differentiable in x.
-    ``entries`` and ``offsets`` (:func:`derivative_entries`) are the backward's tables."""
-    if x.is_cuda:
-        from fastmace.dynamics import product_triton
-
-        return product_triton.forward(x, rows, monomials, coefficients)
-    return contract_reference(x, rows, monomials, coefficients)
-
-
-@product_basis.register_fake
-def _product_basis_shape(x, rows, monomials, coefficients, entries, offsets):
-    return x.new_empty((x.shape[0], coefficients.shape[1], x.shape[2]))
-
-
-@torch.library.custom_op("fastmace::product_basis_backward", mutates_args=())
-def product_basis_backward(
-    grad: torch.Tensor,
-    x: torch.Tensor,
-    rows: torch.Tensor,
-    monomials: torch.Tensor,
-    coefficients: torch.Tensor,
-    entries: torch.Tensor,
-    offsets: torch.Tensor,
-) -> torch.Tensor:
-    """dL/dx of :func:`product_basis` (not differentiable again: forces need one order)."""
-    if x.is_cuda:
-        from fastmace.dynamics import product_triton
-
-        return product_triton.backward(grad, x, rows, coefficients, entries, offsets)
-    return contract_backward_reference(grad, x, rows, coefficients, entries, offsets)
-
-
-@product_basis_backward.register_fake
-def _product_basis_backward_shape(grad, x, rows, monomials, coefficients, entries, offsets):
-    return torch.empty_like(x)
-
-
 @torch.library.custom_op("fastmace::product_basis_terms", mutates_args=())
 def product_basis_terms(
     x: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor, coefficients: torch.Tensor,
@@ -259,19 +213,12 @@ def _backward_terms(ctx, grad):
 
 product_basis_terms.register_autograd(_backward_terms, setup_context=_setup_terms)
 
-KERNELS = ("terms", "table")
-"""How ProductBasis runs on CUDA: kernels generated from the basis's nonzero terms
-(product_codegen.py), or one pair of kernels reading a coefficient table (product_triton.py)."""
-
-
 class ProductBasis(torch.nn.Module):
     """A block's symmetric contraction with cuEquivariance's calling convention.
 
     ``forward(x (N, D_in*C), indices (N,))``, ``indices`` each node's element as the model
     numbers them, returns (N, D_out*C) in the layout of the module it replaces (whose input
     and output transposes it keeps). A node of an element the run does not have gets NaN.
-    ``kernels`` (one of KERNELS) says which kernels run on CUDA; off CUDA both are the torch
-    formulas.
     """
 
     def __init__(
@@ -280,28 +227,17 @@ class ProductBasis(torch.nn.Module):
         original: torch.nn.Module,
         dtype: torch.dtype,
         device: torch.device,
-        kernels: str = "terms",
     ) -> None:
         super().__init__()
-        if kernels not in KERNELS:
-            raise ValueError(f"kernels={kernels!r}: choose one of {', '.join(KERNELS)}")
-        self.kernels = kernels
-        self.key = ""
-        if kernels == "terms":
-            from fastmace.dynamics import product_codegen
+        from fastmace.dynamics import product_codegen
 
-            assert polynomial.basis is not None and polynomial.weights is not None
-            basis = (polynomial.monomials, polynomial.basis, polynomial.inputs)
-            self.key = product_codegen.register(*basis)
-            terms = product_codegen.term_coefficients(*basis)
-            self.register_buffer("weights", polynomial.weights.to(device, dtype))
-            self.register_buffer("term_coefficients", terms.to(device, dtype))
-        entries, offsets = derivative_entries(polynomial.monomials, polynomial.inputs)
-        self.register_buffer("monomials", polynomial.monomials.to(device))
-        self.register_buffer("coefficients", polynomial.coefficients.to(device, dtype))
+        assert polynomial.basis is not None and polynomial.weights is not None
+        basis = (polynomial.monomials, polynomial.basis, polynomial.inputs)
+        self.key = product_codegen.register(*basis)
+        terms = product_codegen.term_coefficients(*basis)
+        self.register_buffer("weights", polynomial.weights.to(device, dtype))
+        self.register_buffer("term_coefficients", terms.to(device, dtype))
         self.register_buffer("rows", polynomial.rows.to(device))
-        self.register_buffer("entries", entries.to(device))
-        self.register_buffer("offsets", offsets.to(device))
         self.inputs, self.channels = polynomial.inputs, polynomial.channels
         self.transpose_in, self.transpose_out = original.transpose_in, original.transpose_out
 
@@ -309,27 +245,9 @@ class ProductBasis(torch.nn.Module):
         atoms = x.shape[0]
         features = self.transpose_in(x).reshape(atoms, self.inputs, self.channels).contiguous()
         rows = self.rows[indices.long()]
-        if self.kernels == "terms" and features.is_cuda:
-            out = product_basis_terms(features, rows, self.weights, self.term_coefficients,
-                                      self.key)  # fmt: skip
-        else:
-            out = product_basis(features, rows, self.monomials, self.coefficients,
-                                self.entries, self.offsets)  # fmt: skip
+        out = product_basis_terms(features, rows, self.weights, self.term_coefficients,
+                                  self.key)  # fmt: skip
         return self.transpose_out(out.reshape(atoms, -1))
-
-
-def _setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
-
-
-def _backward(ctx, grad):
-    x, rows, monomials, coefficients, entries, offsets = ctx.saved_tensors
-    found = product_basis_backward(grad.contiguous(), x, rows, monomials, coefficients,
-                                   entries, offsets)  # fmt: skip
-    return found, None, None, None, None, None
-
-
-product_basis.register_autograd(_backward, setup_context=_setup)
 
 
 # ----------------------------------------------------------------------------- from a model

@@ -1,25 +1,27 @@
 """The product basis as Triton kernels written out for one basis (CUDA).
 
-product_triton.py reads a table of D_out x M coefficients per element and channel for every
-atom; most of them are zero, and reading the rest is what bounds it. Here the basis's nonzero
-terms are written into the kernel's source instead, as straight-line code: a program holds a
-tile of channels of one atom's D_in features and its element's P weights in registers, and
-each term adds ``coefficient * w[p] * x[a] * x[b] * ...`` to output component i. The backward
-writes out each term's derivative for every factor the same way. Memory traffic is the
-features, the weights and the outputs; the basis's structure is the code, and its
-coefficients (one scalar per term, in the model's dtype: Triton would round a literal to
-float32) are read where each term is added.
+Most entries of the basis (monomials x directions x outputs) are zero, and reading a table of
+them per element and channel is what bounded a table-driven kernel (4x slower than this one
+on an H200: docs/design/product-basis.md). Here the basis's nonzero terms are written into
+the kernel's source instead, as straight-line code: a program holds a tile of atoms x
+channels of their D_in features and their elements' P weights in registers, one value per
+thread, and each term adds ``coefficient * w[p] * x[a] * x[b] * ...`` to output component i.
+The backward writes out each term's derivative for every factor the same way. Memory
+traffic is the features, the weights and the outputs; the basis's structure is the code.
+
+The coefficients are literals in float32 kernels (a float32 number written exactly), and
+read from ``coefficients`` (T,) in float64 ones (Triton would round a literal to float32).
 
 Inputs (all contiguous): x (N, D_in, C) in cuEquivariance's ``ir_mul`` order; rows (N,)
 int32 (-1: an element the run does not have, NaN out); weights (E, P, C), each kept
 element's weights in the basis's directions (product_basis._effective_weights); coefficients
 (T,), the terms' in the order of :func:`basis_terms`; out (N, D_out, C).
 
-The source is generated once per basis and process, written to a private temporary
-directory (Triton compiles from a function's source file) and imported from there; Triton's
-own cache keeps the compiled kernels by their source. ``tests/test_product_basis.py`` runs
-the generated kernels in Triton's interpreter against product_basis.py's torch formulas and
-compiles them for sm_90.
+The source is generated once per basis, dtype kind and process, written to a private
+temporary directory (Triton compiles from a function's source file) and imported from there;
+Triton's own cache keeps the compiled kernels by their source. ``tests/test_product_basis.py``
+runs the generated kernels in Triton's interpreter against product_basis.py's torch formulas
+and compiles them for sm_90.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ from types import ModuleType
 
 import torch
 
-CHANNELS = 32  # channels per program
+THREADS = 128  # one value of the tile per thread: 4 warps
 _DIRECTORY: Path | None = None  # this process's generated sources
-_LOADED: dict[str, ModuleType] = {}
+_LOADED: dict[tuple[str, bool], ModuleType] = {}
 _BASES: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
 
 
@@ -65,8 +67,12 @@ def term_coefficients(monomials: torch.Tensor, basis: torch.Tensor, inputs: int)
     return torch.tensor([term.coefficient for term in terms], dtype=torch.float64)
 
 
-def _coefficient(k: int) -> str:
-    return f"tl.load(coefficients + {k})"
+def _coefficients(terms: list[Term], literal: bool) -> list[str]:
+    """Each term's coefficient as the generated code reads it: a float32 literal (its repr
+    is exact, and Triton takes a literal as float32), or a load from ``coefficients``."""
+    if literal:
+        return [repr(float(torch.tensor(t.coefficient, dtype=torch.float32))) for t in terms]
+    return [f"tl.load(coefficients + {k})" for k in range(len(terms))]
 
 
 def _product(names: list[str]) -> str:
@@ -81,15 +87,18 @@ def _sum(parts: list[str], indent: str) -> str:
     return f"({joined})" if len(lines) > 1 else joined
 
 
-def kernel_source(monomials: torch.Tensor, basis: torch.Tensor, inputs: int) -> str:
-    """The Triton source of ``_forward`` and ``_backward`` for this basis."""
+def kernel_source(
+    monomials: torch.Tensor, basis: torch.Tensor, inputs: int, literal: bool = False
+) -> str:
+    """The Triton source of ``_forward`` and ``_backward`` for this basis; ``literal``: the
+    coefficients written into the code (float32 kernels)."""
     terms = basis_terms(monomials, basis, inputs)
+    coefficient = dict(zip(map(id, terms), _coefficients(terms, literal), strict=True))
     directions, outputs = basis.shape[1], basis.shape[2]
     by_output: dict[tuple[int, int], list[Term]] = defaultdict(list)
     for term in terms:
         by_output[term.output, term.direction].append(term)
     used = sorted({term.direction for term in terms})
-    index = {id(term): k for k, term in enumerate(terms)}
     head = [
         "import triton",
         "import triton.language as tl",
@@ -100,22 +109,27 @@ def kernel_source(monomials: torch.Tensor, basis: torch.Tensor, inputs: int) -> 
         f"    x{j} = tl.load(features + {j} * channels, mask=ok, other=0.0)" for j in range(inputs)
     ]
     load_w = [f"    w{p} = tl.load(weight + {p} * channels, mask=ok, other=0.0)" for p in used]
+    # A tile of ATOMS atoms x CHANNELS channels; ``at(i, width)`` is the offset of component
+    # i of each tile element in an (N, width, C) array.
     prologue = [
-        "    atom = tl.program_id(0).to(tl.int64)",
+        "    atom = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)",
         "    c = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)",
-        "    ok = c < channels",
-        "    row = tl.load(rows + atom)",
-        "    features = x + atom * " + str(inputs) + " * channels + c",
-        "    weight = weights + tl.maximum(row, 0).to(tl.int64) * "
-        + str(directions)
-        + " * channels + c",
+        "    real = atom < atoms",
+        "    ok = real[:, None] & (c < channels)[None, :]",
+        "    row = tl.load(rows + atom, mask=real, other=0)",
+        "    atom = atom.to(tl.int64)[:, None]",
+        "    c = c[None, :]",
+        f"    features = x + atom * {inputs} * channels + c",
+        f"    weight = weights + tl.maximum(row, 0).to(tl.int64)[:, None] * {directions}"
+        " * channels + c",
         *load_x,
         *load_w,
-        "    missing = row < 0",
+        "    missing = (row < 0)[:, None]",
     ]
+    arguments = "channels, atoms, ATOMS: tl.constexpr, CHANNELS: tl.constexpr"
     forward = [
         "@triton.jit",
-        "def _forward(x, rows, weights, coefficients, out, channels, CHANNELS: tl.constexpr):",
+        f"def _forward(x, rows, weights, coefficients, out, {arguments}):",
         *prologue,
     ]
     for i in range(outputs):
@@ -124,8 +138,7 @@ def kernel_source(monomials: torch.Tensor, basis: torch.Tensor, inputs: int) -> 
             if output != i:
                 continue
             inner = [
-                f"{_coefficient(index[id(t)])} * {_product([f'x{j}' for j in t.factors])}"
-                for t in group
+                f"{coefficient[id(t)]} * {_product([f'x{j}' for j in t.factors])}" for t in group
             ]
             parts.append(f"w{p} * ({_sum(inner, ' ' * 12)})")
         value = _sum(parts, " " * 8) if parts else "x0 * 0.0"
@@ -136,8 +149,7 @@ def kernel_source(monomials: torch.Tensor, basis: torch.Tensor, inputs: int) -> 
         ]
     backward = [
         "@triton.jit",
-        "def _backward(grad, x, rows, weights, coefficients, grad_x, channels,",
-        "              CHANNELS: tl.constexpr):",
+        f"def _backward(grad, x, rows, weights, coefficients, grad_x, {arguments}):",
         *prologue,
         *[
             f"    g{i} = tl.load(grad + (atom * {outputs} + {i}) * channels + c, mask=ok, "
@@ -155,7 +167,7 @@ def kernel_source(monomials: torch.Tensor, basis: torch.Tensor, inputs: int) -> 
                 continue
             rest = list(term.factors)
             rest.remove(j)
-            scale = _coefficient(index[id(term)]) + ("" if count == 1 else f" * {count}.0")
+            scale = coefficient[id(term)] + ("" if count == 1 else f" * {count}.0")
             parts.append(f"{scale} * gw{term.output}_{term.direction} * "
                          f"{_product([f'x{k}' for k in rest])}")  # fmt: skip
         value = _sum(parts, " " * 8) if parts else "x0 * 0.0"
@@ -190,19 +202,34 @@ def basis_of(key: str) -> tuple[torch.Tensor, torch.Tensor, int]:
     return _BASES[key]
 
 
-def kernels(key: str) -> ModuleType:
+def kernels(key: str, literal: bool = False) -> ModuleType:
     """The module holding ``_forward`` and ``_backward`` for the basis registered under
-    ``key``, generated and imported once per process."""
-    if key not in _LOADED:
-        source = kernel_source(*_BASES[key])
-        path = _directory() / f"product_{key}.py"
+    ``key`` (``literal``: float32 kernels, see :func:`kernel_source`), generated and imported
+    once per process."""
+    if (key, literal) not in _LOADED:
+        source = kernel_source(*_BASES[key], literal=literal)
+        name = f"product_{key}_{'literal' if literal else 'loaded'}"
+        path = _directory() / f"{name}.py"
         path.write_text(source)
-        spec = importlib.util.spec_from_file_location(f"fastmace_product_{key}", path)
+        spec = importlib.util.spec_from_file_location(f"fastmace_{name}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        _LOADED[key] = module
-    return _LOADED[key]
+        _LOADED[key, literal] = module
+    return _LOADED[key, literal]
+
+
+def _launch(key: str, x: torch.Tensor) -> tuple[ModuleType, tuple[int, int], dict[str, int]]:
+    """The kernels for ``x``'s dtype, the grid and the tile: all channels of an atom in one
+    program where they fit in THREADS, else THREADS channels, and atoms to fill the rest."""
+    import triton
+
+    atoms, _, channels = x.shape
+    tile_channels = min(THREADS, triton.next_power_of_2(channels))
+    tile_atoms = THREADS // tile_channels
+    grid = (triton.cdiv(atoms, tile_atoms), triton.cdiv(channels, tile_channels))
+    tile = {"ATOMS": tile_atoms, "CHANNELS": tile_channels, "num_warps": THREADS // 32}
+    return kernels(key, literal=x.dtype == torch.float32), grid, tile
 
 
 def forward(
@@ -210,15 +237,12 @@ def forward(
     coefficients: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
     """(N, D_in, C) -> (N, D_out, C) with the kernels of the basis under ``key``."""
-    import triton
-
     atoms, _, channels = x.shape
     outputs = _BASES[key][1].shape[2]
     out = torch.empty((atoms, outputs, channels), dtype=x.dtype, device=x.device)
     if atoms > 0:
-        grid = (atoms, triton.cdiv(channels, CHANNELS))
-        kernels(key)._forward[grid](x, rows, weights, coefficients, out, channels,
-                                    CHANNELS=CHANNELS)  # fmt: skip
+        module, grid, tile = _launch(key, x)
+        module._forward[grid](x, rows, weights, coefficients, out, channels, atoms, **tile)
     return out
 
 
@@ -231,12 +255,10 @@ def backward(
     coefficients: torch.Tensor,
 ) -> torch.Tensor:
     """dL/dx (N, D_in, C) for dL/d(out) = ``grad`` with the kernels of the basis under ``key``."""
-    import triton
-
     atoms, _, channels = x.shape
     grad_x = torch.empty_like(x)
     if atoms > 0:
-        grid = (atoms, triton.cdiv(channels, CHANNELS))
-        kernels(key)._backward[grid](grad, x, rows, weights, coefficients, grad_x, channels,
-                                     CHANNELS=CHANNELS)  # fmt: skip
+        module, grid, tile = _launch(key, x)
+        module._backward[grid](grad, x, rows, weights, coefficients, grad_x, channels, atoms,
+                               **tile)  # fmt: skip
     return grad_x
