@@ -1072,7 +1072,7 @@ PY
   # program ran on four warps (each value computed four times). Now a tile of 128 values on
   # four warps, float32 coefficients as literals. The kernels against cuEquivariance's, then
   # stage 72 (the compiled start-up with padding nodes counted from atoms).
-  timeout 200 python3 benchmarks/product_kernels.py --atoms 216,1728,13824 \
+  timeout 120 python3 benchmarks/product_kernels.py --atoms 1728,13824 \
     --out "$OUT/product" > "$OUT/product_kernels.log" 2>&1
   echo "product kernels: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/product_kernels.log" | cut -c1-100

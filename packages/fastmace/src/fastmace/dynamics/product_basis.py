@@ -213,6 +213,7 @@ def _backward_terms(ctx, grad):
 
 product_basis_terms.register_autograd(_backward_terms, setup_context=_setup_terms)
 
+
 class ProductBasis(torch.nn.Module):
     """A block's symmetric contraction with cuEquivariance's calling convention.
 
