@@ -1070,16 +1070,25 @@ PY
 73)
   # Stage 69: the generated product-basis kernels took 2.4x cuEquivariance's time; a 32-channel
   # program ran on four warps (each value computed four times). Now a tile of 128 values on
-  # four warps, float32 coefficients as literals. The kernels against cuEquivariance's, then
-  # stage 72 (the compiled start-up with padding nodes counted from atoms).
+  # four warps, float32 coefficients as literals: against cuEquivariance's. Then stage 70's
+  # five failures again, with tools/validation/gpu_extra_wheels.sh's wheels this time (D3's
+  # torch-dftd, the CUDA headers the hybrid backend builds with), and one compiled run at
+  # 13,824 atoms with Dynamo's recompilations logged (padding nodes now counted from atoms).
   timeout 120 python3 benchmarks/product_kernels.py --atoms 1728,13824 \
     --out "$OUT/product" > "$OUT/product_kernels.log" 2>&1
   echo "product kernels: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/product_kernels.log" | cut -c1-100
-  export FASTMACE_CACHE=/tmp/fastmace-cache-73 TORCH_LOGS=recompiles
-  compiled_startup 200 120
-  grep -hE "^step|^done" "$OUT"/startup-13824/warm.log | head -12
-  echo "recompilations: $(grep -hc "Recompiling function" "$OUT"/startup-13824/*.log | tr '\n' ' ')"
+  gpu_tests 73 150 "$tests/test_dispersion_triton.py" "$tests/test_engine_gpu.py" \
+    "$tests/test_quiet_run.py" -k "hybrid or fused or triton"
+  python3 -c "import ase.build, ase.io; ase.io.write('/tmp/nacl.extxyz', \
+ase.build.bulk('NaCl', 'rocksalt', a=5.64, cubic=True).repeat((12, 12, 12)))"
+  FASTMACE_CACHE=/tmp/fastmace-cache-73 TORCH_LOGS=recompiles timeout 150 python3 -m fastmace \
+    md /tmp/nacl.extxyz --model template:mp0-medium --dtype float32 --backend cueq \
+    --steps 300 --traj-every 0 --temperature 300 --compile --output /tmp/run-73 \
+    > "$OUT/compiled-run.log" 2>&1
+  echo "compiled run: exit $?; recompilations: $(grep -c "Recompiling function" \
+"$OUT/compiled-run.log"); regrowths: $(grep -ci "regrow" "$OUT/compiled-run.log")"
+  grep -E "start-up|^done|Recompil|guard fail" "$OUT/compiled-run.log" | cut -c1-300 | head
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
