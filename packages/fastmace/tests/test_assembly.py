@@ -31,6 +31,7 @@ CHANGED = {
     "matmul_precision": "tf32",
     "radial_table": True,
     "radial_table_fallback": True,
+    "product_basis": True,
     "compile_fallback": True,
     "edge_chunk_rows": 50,
 }
@@ -64,6 +65,8 @@ def read_back(potential, neighbours) -> dict[str, object]:
         "matmul_precision": potential.matmul_precision,
         "radial_table": potential.table_report is not None,
         "radial_table_fallback": potential.table_fallback,
+        # Asked for: used, or refused with the reason (the demo model runs on e3nn here).
+        "product_basis": potential.product_basis_used or bool(potential.product_basis_failure),
         "compile_fallback": potential.compile_fallback,
         "edge_chunk_rows": potential.edge_chunk_rows,
     }

@@ -44,6 +44,10 @@ CASES = [
     ({"dtype": "float64"}, ("model", "dtype"), "float64"),
     ({"config": EngineConfig(backend="cueq")}, ("model", "backend"), "cueq"),
     ({"backend": "cueq"}, ("model", "backend"), "cueq"),
+    # The own product basis, checked against cuEquivariance's module when built (on the CPU
+    # it runs the torch formulas: the kernels' own tests are test_product_basis.py's).
+    ({"config": EngineConfig(backend="cueq", product_basis=True)}, ("engine", "product_basis"),
+     True),
     pytest.param(
         {"graphs": False}, ("engine", "capture"), False,
         marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),

@@ -616,6 +616,20 @@ IMPOSSIBLE = [
         ["radial_table=True", "compile=True", "e3nn", "cueq, oeq or hybrid"],
     ),
     (
+        "product-basis-on-e3nn",
+        {},
+        EngineConfig(product_basis=True),
+        NO_GPU,
+        ["product_basis=True", "backend cueq or hybrid", "e3nn"],
+    ),
+    (
+        "product-basis-for-a-long-range-model",
+        {"long_range": True},
+        EngineConfig(product_basis=True),
+        EVERYTHING,
+        ["product_basis=True", "long-range model"],
+    ),
+    (
         "tf32-in-a-float64-plan",
         {"precision": "float64"},
         EngineConfig(matmul_precision="tf32"),
@@ -903,6 +917,22 @@ def test_probe_describes_this_machine(plan_for: PlanFor) -> None:
     plan = plan_for(found=found)
     if not found.gpu:
         assert (plan.device, plan.backend) == ("cpu", "e3nn")
+
+
+def test_the_own_product_basis_only_when_forced(plan_for: PlanFor) -> None:
+    # Measured slower than cuEquivariance's (docs/design/product-basis.md): not chosen.
+    plain = plan_for()
+    decision = plain.decision("product_basis")
+    assert (decision.value, decision.source) == (False, "measured")
+    assert "2.4x" in decision.reason and not plain.engine_settings().product_basis
+    assert "product" not in plain.describe()
+    forced = plan_for(config=EngineConfig(product_basis=True))
+    assert forced.engine_settings().product_basis
+    assert forced.decision("product_basis").source == "forced"
+    assert "product      own" in forced.describe()
+    # Forced on the CPU too, where it runs the torch formulas (the backend forced to cuEq).
+    cpu = plan_for(config=EngineConfig(product_basis=True, backend="cueq"), found=NO_GPU)
+    assert cpu.engine_settings().product_basis
 
 
 def test_radial_tables_by_default_where_the_model_allows_them(plan_for: PlanFor) -> None:

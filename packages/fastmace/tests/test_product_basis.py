@@ -6,6 +6,7 @@ energies, forces and stresses."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from fastmace.dynamics.product_basis import (
     contract_backward_reference,
     contract_reference,
     derivative_entries,
+    module_disagreement,
     polynomial_of,
     product_basis_model,
     product_disagreement,
@@ -99,9 +101,27 @@ def test_a_polynomial_with_one_coefficient_changed_fails_the_check():
     assert product_disagreement(module, altered) > 1e-12
 
 
+def test_the_module_that_runs_is_checked_against_the_blocks_own():
+    """What runs (on CUDA, the kernels) is compared with the block's module: right, within
+    float64's rounding; with its weights altered by 1e-9, refused."""
+    module, kept = contraction("l2/vector", torch.float64)
+    polynomial = polynomial_of(module, kept)
+    ours = ProductBasis(polynomial, module, torch.float64, torch.device("cpu"))
+    assert module_disagreement(ours, module, polynomial) <= 1e-13
+    altered = dataclasses.replace(polynomial, weights=polynomial.weights * (1 + 1e-9))
+    wrong = ProductBasis(altered, module, torch.float64, torch.device("cpu"))
+    assert module_disagreement(wrong, module, polynomial) > 1e-12
+
+
 def test_an_e3nn_block_is_refused_with_the_reason():
     with pytest.raises(ProductBasisError, match="not cuEquivariance's SymmetricContraction"):
         product_basis_model(model_of("tiny", torch.float64), SPECIES)
+    # A potential that may fall back keeps the model's own contraction and says why.
+    with pytest.warns(RuntimeWarning, match="cuEquivariance's symmetric contraction runs"):
+        potential = Potential(model_of("tiny", torch.float64), SPECIES, product_basis=True,
+                              product_basis_fallback=True)  # fmt: skip
+    assert not potential.product_basis_used
+    assert "not cuEquivariance's SymmetricContraction" in potential.product_basis_failure
 
 
 def test_a_long_range_model_refuses_the_product_basis_instead_of_dropping_it():

@@ -30,7 +30,9 @@ def potential(
     model: LoadedModel, atomic_numbers: Iterable[int] | torch.Tensor, settings: EngineSettings
 ) -> Potential:
     """The potential of ``model`` for these elements, with every setting of ``settings`` that
-    concerns it (compilation, GEMM precision, radial tables, edge chunks)."""
+    concerns it (compilation, GEMM precision, radial tables, the product basis, edge chunks).
+    FastMACE's own product basis falls back to cuEquivariance's when it fails its check,
+    forced or not: a kernel that disagrees must not stop a run that has a checked one."""
     return Potential.from_loaded(
         model,
         atomic_numbers,
@@ -39,6 +41,8 @@ def potential(
         matmul_precision=settings.matmul_precision,
         radial_table=settings.radial_table,
         radial_table_fallback=settings.radial_table_fallback,
+        product_basis=settings.product_basis,
+        product_basis_fallback=True,
         edge_chunk_rows=settings.edge_chunk_rows,
     )
 

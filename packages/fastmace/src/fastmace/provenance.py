@@ -291,6 +291,8 @@ def engine_record(run: RunRecord) -> dict[str, Any]:
             dataclasses.asdict(report) if (report := run.potential.table_report) else None
         ),
         "radial_table_failure": run.potential.table_failure,
+        "product_basis": run.potential.product_basis_used,
+        "product_basis_failure": run.potential.product_basis_failure,
         "edge_chunking": edge_chunking_record(run.potential),
         "skin_A": neighbours.skin,
         "headroom": neighbours.headroom,
@@ -448,6 +450,11 @@ def run_report(run: RunRecord, result: MDResult) -> str:
         )
     elif run.potential.table_failure:
         graphs += f", radial MLPs (tables not built: {run.potential.table_failure})"
+    if run.potential.product_basis_used:
+        graphs += ", FastMACE's own product basis"
+    elif run.potential.product_basis_failure:
+        failure = run.potential.product_basis_failure
+        graphs += f", cuEquivariance's product basis (the own one failed: {failure})"
     if run.potential.chunked_calls:
         rows = run.potential.edge_chunk_rows
         graphs += f", edges worked through in chunks of {rows} rows (uncompiled)"

@@ -69,7 +69,7 @@ from fastmace.dynamics.polar import (
     per_system_values,
     polar_graph,
 )
-from fastmace.dynamics.product_basis import product_basis_model
+from fastmace.dynamics.product_basis import ProductBasisError, product_basis_model
 from fastmace.dynamics.radial_table import (
     RadialTable,
     TableError,
@@ -158,9 +158,14 @@ class Potential(torch.nn.Module):
             not choose it yet (docs/validation/performance.md).
         product_basis: each product block's symmetric contraction runs as FastMACE's own
             kernel (dynamics/product_basis.py) instead of cuEquivariance's, with coefficients
-            for the run's elements; raises ``ProductBasisError`` for a block it does not
-            compute (a model on another backend). Under evaluation: the planner does not
-            choose it yet (docs/design/product-basis.md).
+            for the run's elements, each block checked against cuEquivariance's module as it
+            will run (its kernels, on CUDA); raises ``ProductBasisError`` for a block it does
+            not compute (a model on another backend) or that fails the check. Slower than
+            cuEquivariance's so far: the planner does not choose it
+            (docs/design/product-basis.md).
+        product_basis_fallback: when the product basis cannot be built or fails its check,
+            warn, record why in ``product_basis_failure`` and keep cuEquivariance's
+            contraction instead of raising. ``product_basis_used`` says which runs.
         edge_chunk_rows: when the edges (or, with mirrored edges, the pairs) outnumber it,
             each interaction block works through them this many at a time
             (dynamics/edge_chunks.py), so that memory grows with the atoms and not with a full
@@ -188,6 +193,7 @@ class Potential(torch.nn.Module):
         radial_table_fallback: bool = False,
         fused_convolution: bool = False,
         product_basis: bool = False,
+        product_basis_fallback: bool = False,
         edge_chunk_rows: int | str | None = None,
     ) -> None:
         super().__init__()
@@ -233,6 +239,8 @@ class Potential(torch.nn.Module):
         self.table_report: TableReport | None = None
         self.table_failure: str | None = None  # why tables the plan chose were not built
         self.table_fallback = bool(radial_table_fallback)
+        self.product_basis_failure: str | None = None  # why the own product basis is not used
+        self.product_basis_used = False
         if self.long_range:
             # mace-torch's own model, unchanged: its long-range part is checked against
             # mace-torch's calculator as it is, and it has no padding node to specialise for.
@@ -252,7 +260,7 @@ class Potential(torch.nn.Module):
                 # others' messages are computed and reach only padding nodes).
                 self.model = fused_convolution_model(self.model, skip=1)
             if product_basis:
-                self.model = product_basis_model(self.model, (*self.species, self.model_species[0]))
+                self._use_product_basis(product_basis_fallback)
             # The same weights with the radial MLPs run once per pair, for mirrored edges
             # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
             self.pair_model = pair_shared_model(self.model)
@@ -306,6 +314,8 @@ class Potential(torch.nn.Module):
         matmul_precision: str = DEFAULT_MATMUL_PRECISION,
         radial_table: bool = False,
         radial_table_fallback: bool = False,
+        product_basis: bool = False,
+        product_basis_fallback: bool = False,
         edge_chunk_rows: int | str | None = None,
     ) -> Potential:
         """The potential of an ``fm.load`` result: its converted module and its head."""
@@ -318,6 +328,8 @@ class Potential(torch.nn.Module):
             matmul_precision=matmul_precision,
             radial_table=radial_table,
             radial_table_fallback=radial_table_fallback,
+            product_basis=product_basis,
+            product_basis_fallback=product_basis_fallback,
             edge_chunk_rows=edge_chunk_rows,
         )
 
@@ -412,6 +424,24 @@ class Potential(torch.nn.Module):
                 raise
             self.table_failure = str(error)[:500]
             warnings.warn(f"{error}; the radial MLPs run as trained", RuntimeWarning, stacklevel=3)
+
+    def _use_product_basis(self, fallback: bool) -> None:
+        """``model`` with FastMACE's own product basis; with ``fallback``, a model whose
+        product basis cannot be built or fails its check keeps cuEquivariance's, with a
+        warning."""
+        try:
+            species = (*self.species, self.model_species[0])
+            self.model = product_basis_model(self.model, species)
+            self.product_basis_used = True
+        except ProductBasisError as error:
+            if not fallback:
+                raise
+            self.product_basis_failure = str(error)[:500]
+            warnings.warn(
+                f"{error}; cuEquivariance's symmetric contraction runs",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _aot_call(self, state: State, edges: Edges, compute_stress: bool) -> PotentialOutput:
         """Through the package compiled ahead of time for these kinds of inputs, loaded or

@@ -359,8 +359,10 @@ def product_basis_model(
 
     The copy shares every weight with ``model``. Each block's polynomial is read from its own
     module and checked against it (:func:`product_disagreement`, within ``tolerance``: by
-    default 1e-5 in float32, 1e-12 in float64); a block that fails, or is not
-    cuEquivariance's, raises :class:`ProductBasisError` saying which.
+    default 1e-5 in float32, 1e-12 in float64), and so is the module that replaces it, as it
+    will run (:func:`module_disagreement`: on CUDA, its kernels); a block that fails, whose
+    kernels fail to compile or run, or that is not cuEquivariance's, raises
+    :class:`ProductBasisError` saying which.
     """
     products = getattr(model, "products", None)
     if products is None:
@@ -385,7 +387,43 @@ def product_basis_model(
                 f"product block {index}: the formulas differ from the block's own symmetric "
                 f"contraction by {disagreement:.2e} (relative), more than {bound:.0e}"
             )
+        ours = ProductBasis(polynomial, original, dtype, device)
+        try:  # the module that will run: on CUDA, the kernels generated for this basis
+            difference = module_disagreement(ours, original, polynomial)
+        except Exception as failure:  # a kernel that cannot compile or run
+            raise ProductBasisError(
+                f"product block {index}: FastMACE's kernels failed: "
+                f"{type(failure).__name__}: {str(failure)[:300]}"
+            ) from failure
+        if not difference <= bound:
+            raise ProductBasisError(
+                f"product block {index}: FastMACE's kernels differ from the block's own "
+                f"symmetric contraction by {difference:.2e} (relative), more than {bound:.0e}"
+            )
         changed = shallow_copy(block)
-        changed.symmetric_contractions = ProductBasis(polynomial, original, dtype, device)
+        changed.symmetric_contractions = ours
         blocks[index] = changed
     return copy
+
+
+def module_disagreement(
+    ours: torch.nn.Module,
+    original: torch.nn.Module,
+    polynomial: ProductPolynomial,
+    atoms: int = 11,
+    seed: int = 2,
+) -> float:
+    """Largest difference between ``ours`` (a :class:`ProductBasis`, whose kernels run on
+    CUDA) and the block's ``original`` module, on the same random features of the polynomial's
+    elements, relative to the largest output; both in the module's dtype."""
+    dtype, device = original.weight.dtype, original.weight.device
+    generator = torch.Generator().manual_seed(seed)
+    listed = torch.nonzero(polynomial.rows >= 0).flatten()
+    indices = listed[torch.randint(0, len(listed), (atoms,), generator=generator)]
+    x = torch.randn((atoms, polynomial.inputs * polynomial.channels), generator=generator,
+                    dtype=torch.float64).to(device, dtype)  # fmt: skip
+    indices = indices.to(device, torch.int32)
+    with torch.no_grad():
+        want = original(x, indices).double()
+        got = ours(x, indices).double()
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-300))

@@ -17,7 +17,9 @@ from fastmace.vocabulary import BACKENDS, DTYPES, MATMUL_PRECISIONS
 # cuBLAS's fixed-point emulation takes 1 to 79 mantissa bits (as configure_fp64_emulation checks).
 MANTISSA_BITS = range(1, 80)
 
-_SWITCHES = ("graphs", "compile", "expandable_segments", "fp64_emulation", "radial_table")
+_SWITCHES = (
+    "graphs", "compile", "expandable_segments", "fp64_emulation", "radial_table", "product_basis"
+)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +38,11 @@ class EngineConfig:
     """Read each interaction block's radial weights from a table of the distance instead of
     running its radial MLP (float32 models whose blocks allow it: faster at large sizes,
     within 1e-6 of the MLP; off unless forced, docs/md.md)."""
+    product_basis: bool | None = None
+    """Each product block's symmetric contraction as FastMACE's own kernels instead of
+    cuEquivariance's (cueq and hybrid backends, local models; checked against
+    cuEquivariance's module when built, which runs instead if they fail; slower so far, so
+    off unless forced: docs/design/product-basis.md)."""
     graphs: bool | None = None
     """Capture each block of K steps as a CUDA graph."""
     compile: bool | None = None

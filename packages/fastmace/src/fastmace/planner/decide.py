@@ -70,6 +70,11 @@ RADIAL_TABLE_REASON = (
     "8-14 % faster steps from 1,728 atoms (H200, MP-0 medium; docs/validation/performance.md); "
     "EngineConfig(radial_table=False) turns it off"
 )
+PRODUCT_BASIS_REASON = (
+    "measured: FastMACE's own product-basis kernels took 2.4x cuEquivariance's kernel time "
+    "(forward and backward, MP-0 medium, 13,824 atoms, H200; docs/design/product-basis.md), "
+    "so cuEquivariance's runs; EngineConfig(product_basis=True) forces them"
+)
 # MACE-POLAR-1 (PolarMACE): why its step is neither captured nor compiled, and its backend.
 LONG_RANGE_EAGER_REASON = (
     "rule: a long-range model (MACE-POLAR-1) runs eagerly: graph-longrange sizes its k-space "
@@ -116,6 +121,7 @@ def make_plan(
         dtype,
         matmul,
         table,
+        _product_basis(workload, config, backend.value),
         graphs,
         compiled,
         _block_steps(workload, config),
@@ -293,6 +299,21 @@ def _radial_table(
             RULE,
         )
     return Decision("radial_table", True, RADIAL_TABLE_REASON, MEASURED)
+
+
+def _product_basis(workload: Workload, config: EngineConfig, backend: str) -> Decision:
+    if config.product_basis is False:
+        return Decision("product_basis", False, _forced("product_basis", False), FORCED)
+    if config.product_basis:
+        if workload.long_range or backend not in ("cueq", "hybrid"):
+            why = "a long-range model (MACE-POLAR-1)" if workload.long_range else backend
+            raise PlanError(
+                "EngineConfig(product_basis=True) replaces cuEquivariance's symmetric "
+                f"contraction of a local model (backend cueq or hybrid), but the plan runs {why}; "
+                "give backend='cueq', or leave product_basis=None"
+            )
+        return Decision("product_basis", True, _forced("product_basis", True), FORCED)
+    return Decision("product_basis", False, PRODUCT_BASIS_REASON, MEASURED)
 
 
 def _graphs(config: EngineConfig, device: str, long_range: bool = False) -> Decision:

@@ -113,6 +113,9 @@ class EngineSettings:
     radial_table_fallback: bool = False
     """If the tables cannot be built to their tolerance, run the radial MLPs (and say so)
     instead of stopping: for tables the planner chose, not the user."""
+    product_basis: bool = False
+    """FastMACE's own product-basis kernels (dynamics/product_basis.py), checked when built;
+    cuEquivariance's contraction runs where they fail (and the run says why)."""
     guard: GuardConfig = field(default_factory=GuardConfig)
     """The physical bounds the engine checks every block (fastmace.dynamics.guard)."""
     edge_chunk_rows: int | str | None = "auto"
@@ -209,6 +212,10 @@ class Plan:
         return self.value("radial_table")
 
     @property
+    def product_basis(self) -> bool:
+        return self.value("product_basis")
+
+    @property
     def block_steps(self) -> int:
         return self.value("block_steps")
 
@@ -269,6 +276,7 @@ class Plan:
             matmul_precision=self.matmul_precision,
             radial_table=self.radial_table,
             radial_table_fallback=self.decision("radial_table").source != FORCED,
+            product_basis=self.product_basis,
             guard=self.guard,
         )
 
@@ -328,6 +336,8 @@ class Plan:
             line("matmul", self.matmul_precision, d("matmul_precision").reason)
         if self.radial_table:
             line("radial", "table", d("radial_table").reason)
+        if self.product_basis:
+            line("product", "own", d("product_basis").reason)
         if self.fp64_emulation:
             bits = self.fp64_emulation_mantissa_bits
             mantissa = "cuBLAS's default mantissa" if bits is None else f"{bits} mantissa bits"
