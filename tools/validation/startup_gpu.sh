@@ -72,6 +72,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 71  # product basis gpu test; before/after 13,824
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 72  # compiled start-up, padding nodes by atoms
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 73  # product basis tiled; stage 72
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 74  # product basis tiled, 13,824 only
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1089,6 +1090,14 @@ ase.build.bulk('NaCl', 'rocksalt', a=5.64, cubic=True).repeat((12, 12, 12)))"
   echo "compiled run: exit $?; recompilations: $(grep -c "Recompiling function" \
 "$OUT/compiled-run.log"); regrowths: $(grep -ci "regrow" "$OUT/compiled-run.log")"
   grep -E "start-up|^done|Recompil|guard fail" "$OUT/compiled-run.log" | cut -c1-300 | head
+  ;;
+74)
+  # Stage 73's first part alone, for the device time left (about two minutes): the product
+  # basis' kernels on tiles of 128 values against cuEquivariance's, at 13,824 atoms.
+  timeout 110 python3 benchmarks/product_kernels.py --atoms 13824 \
+    --out "$OUT/product" > "$OUT/product_kernels.log" 2>&1
+  echo "product kernels: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/product_kernels.log" | cut -c1-100
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
