@@ -36,6 +36,22 @@ CHANGED = {
     "edge_chunk_rows": 50,
 }
 
+# The others, and where a test reads them back from what was built.
+ELSEWHERE = {
+    "device": "the model's own (fm.load); test_engine_settings.py's CASES",
+    "backend": "the model's own (fm.load); test_engine_settings.py's CASES",
+    "dtype": "the model's own (fm.load); test_engine_settings.py's CASES",
+    "graphs": "the engine's capture; test_engine_settings.py's CASES (on CUDA)",
+    "compile": "test_the_one_builder_compiles_when_asked, below",
+    "guard": "the engine's guard; test_guard.py",
+}
+
+
+def test_every_engine_setting_is_read_back_somewhere():
+    # A new EngineSettings field needs a read-back here (CHANGED) or a named test elsewhere.
+    names = {field.name for field in dataclasses.fields(EngineSettings)}
+    assert names == set(CHANGED) | set(ELSEWHERE)
+
 
 @pytest.fixture(scope="module")
 def model():
