@@ -46,11 +46,11 @@ def cueq_model(name: str, dtype: torch.dtype) -> torch.nn.Module:
 # Correlation 3, as the foundation models' product blocks (vector and scalar out), made as a
 # converted model makes them (cuEquivariance's module, mace's reduced basis), for three
 # elements. Features to l = 2 rather than MP-0 medium's 3: cuEquivariance takes 30 s to
-# describe that block on CI's CPU, 6 s this one; 40 channels make two tiles of the kernels,
-# the second partial.
+# describe that block on CI's CPU, 6 s this one. A program's tile is 128 values: 40 channels
+# make one tile of two atoms (64 channels each, partly filled), 160 two tiles of one atom.
 CORRELATION_3 = {
     "l2/vector": ("40x0e+40x1o+40x2e", "40x0e+40x1o", 3),
-    "l2/scalar": ("40x0e+40x1o+40x2e", "40x0e", 3),
+    "l2/scalar": ("160x0e+160x1o+160x2e", "160x0e", 3),
 }
 
 
