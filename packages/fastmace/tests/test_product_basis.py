@@ -267,6 +267,46 @@ def test_a_potential_on_the_own_product_basis_gives_mace_torchs_results(name):
     assert_matches_reference(model_of(name, torch.float64), structures, output, state)
 
 
+# A whole potential with the kernels run by Triton's interpreter, in a child process: the
+# tiny template (correlation 2, vector output) and the shipped demo model, each converted to
+# cuEquivariance in float64, against mace-torch's e3nn model one structure at a time.
+POTENTIAL_IN_THE_INTERPRETER = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+from helpers.potential_checks import assert_matches_reference, model_of
+from helpers.structures import ase_edges, cluster, copper_supercell, triclinic_mixed
+from fastmace.dynamics import product_codegen
+from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.state import State
+from fastmace.models import backends
+from fastmace.models.load import load
+
+demo = load("demo-emt-cu", dtype="float64").module
+cases = [
+    ("tiny", model_of("tiny", torch.float64), [29, 8, 6, 1],
+     [copper_supercell(), triclinic_mixed(), cluster()]),
+    ("demo", demo, [29], [copper_supercell()]),
+]
+for name, reference, species, structures in cases:
+    model = backends.convert(reference, "cueq", "cpu")
+    potential = Potential(model, species, product_basis=True)
+    assert potential.product_basis_used, name
+    state = State.from_atoms(structures)
+    output = potential(state, ase_edges(state, potential.r_max, 1.5), compute_stress=True)
+    assert_matches_reference(reference, structures, output, state)
+print(json.dumps(sorted(product_codegen._LOADED)))
+"""
+
+
+def test_a_potential_with_the_kernels_in_the_interpreter_gives_mace_torchs_results(clean_env):
+    tests = str(Path(__file__).parent)
+    code = POTENTIAL_IN_THE_INTERPRETER.format(tests=tests)
+    loaded = python_report(code, {**clean_env, "TRITON_INTERPRET": "1"})
+    # Kernels are generated when they first run: for each block's basis (the demo model's
+    # two blocks have the tiny template's bases), float64 kernels reading their coefficients.
+    assert len(loaded) == 2 and all(not literal for _, literal in loaded)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_the_gpu_the_kernels_and_the_potential_agree(clean_env, tmp_path):
