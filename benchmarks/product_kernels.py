@@ -7,7 +7,8 @@ cuEquivariance):
 * the block's symmetric contraction forward, and forward + backward (what forces need): the
   GPU's kernel time per call (profiler) and the wall time per eager call (CUDA events), for
   cuEquivariance's module and FastMACE's (dynamics/product_basis.py, its kernels generated
-  from the basis's terms by product_codegen.py) with the run's elements;
+  from the basis's terms by product_codegen.py) with the run's elements; on CUDA also our
+  kernels alone with tiles of 64, 128 and 256 values (``threads``), kernel time only;
 * each one's largest error against the same polynomial in float64, relative to the largest
   value, for the output and for the features' gradient;
 * then the whole potential (energy and forces; radial tables as the default path has them)
@@ -34,6 +35,7 @@ import conv_kernels
 from conv_kernels import relative, timed_ms
 from profile_step import graph_ms, nacl
 
+from fastmace.dynamics import product_codegen
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.product_basis import (
@@ -65,6 +67,30 @@ def time_contraction(module: torch.nn.Module, x: torch.Tensor, indices: torch.Te
             "found": [out.detach(), found], "grad": grad}  # fmt: skip
 
 
+def tile_cases(model_name: str, atoms: int, index: int, ours: ProductBasis, x: torch.Tensor,
+               element: torch.Tensor) -> list[dict[str, Any]]:  # fmt: skip
+    """Our kernels alone, forward and backward, with tiles of each size: kernel ms per call."""
+    features = x.view(atoms, ours.inputs, ours.channels).contiguous()
+    rows = ours.rows[element]
+    arguments = (ours.key, features, rows, ours.weights, ours.term_coefficients)
+    grad = torch.randn_like(product_codegen.forward(*arguments))
+    cases = []
+    for threads in (64, 128, 256):
+        forward = lambda threads=threads: product_codegen.forward(*arguments, threads=threads)  # noqa: E731
+
+        def both(threads: int = threads) -> None:
+            product_codegen.forward(*arguments, threads=threads)
+            product_codegen.backward(ours.key, grad, *arguments[1:], threads=threads)
+
+        forward_ms, both_ms = timed_ms(forward)["kernel_ms"], timed_ms(both)["kernel_ms"]
+        cases.append({
+            "model": model_name, "atoms": atoms, "path": "product-basis",
+            "variant": f"fastmace-terms-{threads}-block{index}", "status": "ok",
+            "ms_per_step": both_ms, "forward_ms": forward_ms, "threads": threads,
+        })  # fmt: skip
+    return cases
+
+
 def product_cases(model_name: str, atoms: int, loaded: Any) -> list[dict[str, Any]]:
     device = conv_kernels.DEVICE
     structure = nacl(atoms)
@@ -81,6 +107,8 @@ def product_cases(model_name: str, atoms: int, loaded: Any) -> list[dict[str, An
         timings = {"cueq": time_contraction(theirs, x, indices)}
         ours = ProductBasis(polynomial, theirs, torch.float32, torch.device(device))
         timings["fastmace-terms"] = time_contraction(ours, x, indices)
+        if device == "cuda":
+            cases += tile_cases(model_name, atoms, index, ours, x, element)
         rows = polynomial.rows.to(device)[element]
         features = x.double().view(atoms, polynomial.inputs, polynomial.channels)
         coefficients = polynomial.coefficients.to(device)

@@ -219,29 +219,32 @@ def kernels(key: str, literal: bool = False) -> ModuleType:
     return _LOADED[key, literal]
 
 
-def _launch(key: str, x: torch.Tensor) -> tuple[ModuleType, tuple[int, int], dict[str, int]]:
-    """The kernels for ``x``'s dtype, the grid and the tile: all channels of an atom in one
-    program where they fit in THREADS, else THREADS channels, and atoms to fill the rest."""
+def _launch(
+    key: str, x: torch.Tensor, threads: int = THREADS
+) -> tuple[ModuleType, tuple[int, int], dict[str, int]]:
+    """The kernels for ``x``'s dtype, the grid and the tile of ``threads`` values (a power of
+    two from 32; benchmarks/product_kernels.py compares sizes): all channels of an atom in one
+    program where they fit, else ``threads`` channels, and atoms to fill the rest."""
     import triton
 
     atoms, _, channels = x.shape
-    tile_channels = min(THREADS, triton.next_power_of_2(channels))
-    tile_atoms = THREADS // tile_channels
+    tile_channels = min(threads, triton.next_power_of_2(channels))
+    tile_atoms = threads // tile_channels
     grid = (triton.cdiv(atoms, tile_atoms), triton.cdiv(channels, tile_channels))
-    tile = {"ATOMS": tile_atoms, "CHANNELS": tile_channels, "num_warps": THREADS // 32}
+    tile = {"ATOMS": tile_atoms, "CHANNELS": tile_channels, "num_warps": threads // 32}
     return kernels(key, literal=x.dtype == torch.float32), grid, tile
 
 
 def forward(
     key: str, x: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor,
-    coefficients: torch.Tensor,
+    coefficients: torch.Tensor, threads: int = THREADS,
 ) -> torch.Tensor:  # fmt: skip
     """(N, D_in, C) -> (N, D_out, C) with the kernels of the basis under ``key``."""
     atoms, _, channels = x.shape
     outputs = _BASES[key][1].shape[2]
     out = torch.empty((atoms, outputs, channels), dtype=x.dtype, device=x.device)
     if atoms > 0:
-        module, grid, tile = _launch(key, x)
+        module, grid, tile = _launch(key, x, threads)
         module._forward[grid](x, rows, weights, coefficients, out, channels, atoms, **tile)
     return out
 
@@ -253,12 +256,13 @@ def backward(
     rows: torch.Tensor,
     weights: torch.Tensor,
     coefficients: torch.Tensor,
+    threads: int = THREADS,
 ) -> torch.Tensor:
     """dL/dx (N, D_in, C) for dL/d(out) = ``grad`` with the kernels of the basis under ``key``."""
     atoms, _, channels = x.shape
     grad_x = torch.empty_like(x)
     if atoms > 0:
-        module, grid, tile = _launch(key, x)
+        module, grid, tile = _launch(key, x, threads)
         module._backward[grid](grad, x, rows, weights, coefficients, grad_x, channels, atoms,
                                **tile)  # fmt: skip
     return grad_x
