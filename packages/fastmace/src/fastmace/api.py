@@ -367,9 +367,12 @@ def md(
 
         arguments = call.asked.arguments()
         return run_in_subprocess(arguments, call.checked.units, call.runner, progress)
+    tick = time.perf_counter()
     settings, plan = _settings_and_plan(call)
+    planned_s = time.perf_counter() - tick  # torch's import and the machine's probe included
     with _planned_environment(plan):
         prepared = _load_and_gate(call, plan, settings)
+        prepared.phases = {"plan_s": planned_s, **prepared.phases}
         parts = _partition(call, prepared)
         return _run_parts(call, settings, prepared, parts, progress)
 

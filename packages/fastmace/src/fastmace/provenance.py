@@ -371,6 +371,7 @@ def _dispersion_summary(term: Any) -> str:
 
 # The start-up phases in the order they happen, as metadata.json's timings names them.
 STARTUP_PHASES = (
+    ("plan_s", "plan"),
     ("load_s", "load"),
     ("gate_s", "gate"),
     ("setup_s", "setup"),

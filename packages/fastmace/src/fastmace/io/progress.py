@@ -162,6 +162,7 @@ class Progress:
 
 # metadata.json's start-up phases (docs/output.md), as the start-up line names them.
 _STARTUP_PARTS = (
+    ("plan_s", "plan"),
     ("load_s", "model"),
     ("gate_s", "gate"),
     ("setup_s", "set-up"),
