@@ -123,6 +123,25 @@ before_after() {  # md_speed.py on .baseline's source, then on this checkout: th
     bash tools/validation/perf_gpu.sh .baseline "$3" "$3"
 }
 
+product_kernels() {  # TIMEOUT ATOMS: benchmarks/product_kernels.py, ours against cuEq's
+  timeout "$1" python3 benchmarks/product_kernels.py --atoms "$2" \
+    --out "$OUT/product" > "$OUT/product_kernels.log" 2>&1
+  echo "product kernels: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/product_kernels.log" | cut -c1-100
+}
+
+speed_before_after() {  # TIMEOUT BUDGET CASE-TIMEOUT ONLY: md_speed.py on .baseline, then here
+  local site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
+  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout "$1" python3 \
+    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s "$2" --case-timeout-s "$3" \
+    --only "$4" > "$OUT/before.log" 2>&1
+  echo "before: exit $?"
+  timeout "$1" python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s "$2" \
+    --case-timeout-s "$3" --only "$4" > "$OUT/after.log" 2>&1
+  echo "after: exit $?"
+  grep -hE "\| (mp0|mh)" "$OUT"/before/md_speed.md "$OUT"/after/md_speed.md
+}
+
 case "${1:-1}" in
 1)
   timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_relax.py" \
@@ -1032,32 +1051,14 @@ PY
     "$tests/test_md_environment.py" "$tests/test_neighbours.py" "$tests/test_pair_radials.py" \
     "$tests/test_potential.py" "$tests/test_quiet_run.py" "$tests/test_radial_table.py" \
     "$tests/test_relax.py" "$tests/test_spread.py"
-  only="mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default"
-  site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
-  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout 110 python3 \
-    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s 100 --case-timeout-s 90 \
-    --only "$only" > "$OUT/before.log" 2>&1
-  echo "before: exit $?"
-  timeout 110 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 100 \
-    --case-timeout-s 90 --only "$only" > "$OUT/after.log" 2>&1
-  echo "after: exit $?"
-  grep -hE "\| (mp0|mh)" "$OUT"/before/md_speed.md "$OUT"/after/md_speed.md
+  speed_before_after 110 100 90 "mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default"
   ;;
 71)
   # Stage 70's before/after skipped both cases (each needs about 115 s of md_speed's budget),
   # and stage 69's GPU test passed edges on the CPU: the test again, then 13,824 atoms alone,
   # before and after, with the time it needs.
   gpu_tests 71 120 "$tests/test_product_basis.py"
-  only="mp0-medium/13824/fastmace-default"
-  site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
-  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout 200 python3 \
-    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s 190 --case-timeout-s 180 \
-    --only "$only" > "$OUT/before.log" 2>&1
-  echo "before: exit $?"
-  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 190 \
-    --case-timeout-s 180 --only "$only" > "$OUT/after.log" 2>&1
-  echo "after: exit $?"
-  grep -hE "\| (mp0|mh)" "$OUT"/before/md_speed.md "$OUT"/after/md_speed.md
+  speed_before_after 200 190 180 "mp0-medium/13824/fastmace-default"
   ;;
 72)
   # Stage 68: a regrown list recompiled the model (13 s) because the number of padding nodes
@@ -1075,10 +1076,7 @@ PY
   # five failures again, with tools/validation/gpu_extra_wheels.sh's wheels this time (D3's
   # torch-dftd, the CUDA headers the hybrid backend builds with), and one compiled run at
   # 13,824 atoms with Dynamo's recompilations logged (padding nodes now counted from atoms).
-  timeout 120 python3 benchmarks/product_kernels.py --atoms 1728,13824 \
-    --out "$OUT/product" > "$OUT/product_kernels.log" 2>&1
-  echo "product kernels: exit $?"
-  grep -E "^ +[0-9]+ " "$OUT/product_kernels.log" | cut -c1-100
+  product_kernels 120 1728,13824
   gpu_tests 73 150 "$tests/test_dispersion_triton.py" "$tests/test_engine_gpu.py" \
     "$tests/test_quiet_run.py" -k "hybrid or fused or triton"
   python3 -c "import ase.build, ase.io; ase.io.write('/tmp/nacl.extxyz', \
@@ -1094,10 +1092,7 @@ ase.build.bulk('NaCl', 'rocksalt', a=5.64, cubic=True).repeat((12, 12, 12)))"
 74)
   # Stage 73's first part alone, for the device time left (about two minutes): the product
   # basis' kernels on tiles of 128 values against cuEquivariance's, at 13,824 atoms.
-  timeout 110 python3 benchmarks/product_kernels.py --atoms 13824 \
-    --out "$OUT/product" > "$OUT/product_kernels.log" 2>&1
-  echo "product kernels: exit $?"
-  grep -E "^ +[0-9]+ " "$OUT/product_kernels.log" | cut -c1-100
+  product_kernels 110 13824
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
