@@ -337,6 +337,19 @@ def polynomial_of(module: torch.nn.Module, columns: list[int]) -> ProductPolynom
     return ProductPolynomial(monomials, coefficients.contiguous(), rows, inputs, basis, kept)
 
 
+def _random_inputs(
+    polynomial: ProductPolynomial, atoms: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(atoms, D_in, C) float64 random features and (atoms,) model element indices drawn from
+    the polynomial's elements: what the checks compare a block's modules on."""
+    generator = torch.Generator().manual_seed(seed)
+    listed = torch.nonzero(polynomial.rows >= 0).flatten()
+    indices = listed[torch.randint(0, len(listed), (atoms,), generator=generator)]
+    x = torch.randn((atoms, polynomial.inputs, polynomial.channels), generator=generator,
+                    dtype=torch.float64)  # fmt: skip
+    return x, indices
+
+
 def product_disagreement(
     module: torch.nn.Module, polynomial: ProductPolynomial, atoms: int = 11, seed: int = 1
 ) -> float:
@@ -345,11 +358,7 @@ def product_disagreement(
     float64, the module in its own dtype)."""
     dtype = module.weight.dtype
     device = module.weight.device
-    generator = torch.Generator().manual_seed(seed)
-    listed = torch.nonzero(polynomial.rows >= 0).flatten()
-    indices = listed[torch.randint(0, len(listed), (atoms,), generator=generator)]
-    x = torch.randn((atoms, polynomial.inputs, polynomial.channels), generator=generator,
-                    dtype=torch.float64)  # fmt: skip
+    x, indices = _random_inputs(polynomial, atoms, seed)
     with torch.no_grad():
         raw = module(x.flatten(1).to(device, dtype), indices.to(device, torch.int32))
         wanted = module.transpose_out(
@@ -425,11 +434,8 @@ def module_disagreement(
     CUDA) and the block's ``original`` module, on the same random features of the polynomial's
     elements, relative to the largest output; both in the module's dtype."""
     dtype, device = original.weight.dtype, original.weight.device
-    generator = torch.Generator().manual_seed(seed)
-    listed = torch.nonzero(polynomial.rows >= 0).flatten()
-    indices = listed[torch.randint(0, len(listed), (atoms,), generator=generator)]
-    x = torch.randn((atoms, polynomial.inputs * polynomial.channels), generator=generator,
-                    dtype=torch.float64).to(device, dtype)  # fmt: skip
+    features, indices = _random_inputs(polynomial, atoms, seed)
+    x = features.flatten(1).to(device, dtype)
     indices = indices.to(device, torch.int32)
     with torch.no_grad():
         want = original(x, indices).double()
