@@ -339,3 +339,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def header_precompiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The C++ headers Inductor precompiles during the test: watched, not replaced. Each one
+    locks a file in Inductor's shared /tmp directory, which FastMACE's compilations avoid."""
+    import torch._inductor.codecache as codecache
+
+    headers: list[str] = []
+    precompile = codecache._precompile_header
+
+    def watched(header, *args, **kwargs):
+        headers.append(header)
+        return precompile(header, *args, **kwargs)
+
+    monkeypatch.setattr(codecache, "_precompile_header", watched)
+    return headers

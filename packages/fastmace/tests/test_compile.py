@@ -15,7 +15,7 @@ import ase.build
 import numpy as np
 import pytest
 import torch._dynamo
-import torch._inductor.codecache
+import torch._inductor.config
 from torch._dynamo.utils import counters
 
 from fastmace.dynamics.ensembles import ensemble
@@ -32,20 +32,13 @@ from fastmace.runtime.compile_costs import recorded_cost_s
 from fastmace.simulation import RunSettings, Simulation, compile_identity
 
 
-def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch, one_interaction_copper):
+def test_compiled_model_runs_the_same_dynamics(
+    tmp_path, monkeypatch, one_interaction_copper, header_precompiles
+):
     monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
     for name in (environment.TORCHINDUCTOR_CACHE_DIR.name, environment.TRITON_CACHE_DIR.name,
                  *environment.COMPILE_CACHE_FLAGS):  # fmt: skip
         monkeypatch.delenv(name, raising=False)  # restored afterwards: compiling sets them
-    # Watch (without replacing it) the one step that would lock Inductor's shared directory.
-    headers: list[str] = []
-    precompile = torch._inductor.codecache._precompile_header
-
-    def watched(header, *args, **kwargs):
-        headers.append(header)
-        return precompile(header, *args, **kwargs)
-
-    monkeypatch.setattr(torch._inductor.codecache, "_precompile_header", watched)
     # What is checked is how any model is compiled: the smaller one compiles in half the time.
     model = load(one_interaction_copper)
     atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
@@ -122,7 +115,7 @@ def test_compiled_model_runs_the_same_dynamics(tmp_path, monkeypatch, one_intera
         tmp_path / "cache" / "inductor"
     )
     # No precompiled header: nothing was locked in Inductor's shared default directory.
-    assert headers == []
+    assert header_precompiles == []
 
 
 def test_failed_compilation_the_planner_chose_runs_uncompiled(

@@ -40,7 +40,7 @@ def test_weight_sharing_copy_shares_storage_not_modules():
 
 @pytest.mark.parametrize("radial_table", [False, True], ids=["mlp", "radial-table"])
 def test_compiled_cueq_model_runs_the_same_dynamics(
-    tmp_path, monkeypatch, radial_table, one_interaction_copper
+    tmp_path, monkeypatch, radial_table, one_interaction_copper, header_precompiles
 ):
     """With radial tables too: their custom operator is one opaque call in the compiled graph."""
     monkeypatch.setenv("FASTMACE_CACHE", str(tmp_path / "cache"))
@@ -88,3 +88,6 @@ def test_compiled_cueq_model_runs_the_same_dynamics(
     )
     # The caller's model still trains: its parameters were not switched off by compilation.
     assert all(p.requires_grad for p in model.module.parameters())
+    # The package was built without precompiled headers: nothing was locked in Inductor's
+    # shared directory, where a lock a killed build left behind stalls the next build.
+    assert header_precompiles == []

@@ -380,8 +380,14 @@ def _inductor_settings(device: torch.device) -> Iterator[None]:
     # Small constants (a table's spacing, a head index) stay tensors: inlined as numbers,
     # they reach custom operators' fallback kernels in a form Inductor cannot lower.
     settings: dict[str, object] = {"always_keep_tensor_constants": True}
+    # Precompiled headers off, the ahead-of-time build's flag as well as the JIT's: Inductor
+    # keeps them under its own /tmp directory, behind a lock that a killed compilation can
+    # leave held, so that the next build waited ten minutes and failed (a CI run of bee0311;
+    # see potential._compile_settings).
     if hasattr(inductor_config, "cpp_cache_precompile_headers"):
-        settings["cpp_cache_precompile_headers"] = False  # see potential._compile_settings
+        settings["cpp_cache_precompile_headers"] = False
+    if hasattr(inductor_config.aot_inductor, "precompile_headers"):
+        settings["aot_inductor.precompile_headers"] = False
     if device.type == "cuda" and sys.platform == "linux":
         # As torch 2.11 links it for CUDA, the package's library carries a static copy of
         # libstdc++ whose locale is never set up: its loader crashed compiling a std::regex.
