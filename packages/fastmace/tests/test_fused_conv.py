@@ -84,7 +84,7 @@ def test_a_potential_on_the_fused_convolution_gives_mace_torchs_results(name):
 # not convert MP-0 medium to cuEquivariance again, 40 s of the test's 80 on CI's CPU.
 COMPARE = """
 import json, torch
-from fastmace.dynamics import conv_triton
+from fastmace.dynamics import conv_codegen, conv_triton
 from fastmace.dynamics.fused_conv import convolve_backward_reference, convolve_reference
 
 report = {{}}
@@ -94,6 +94,7 @@ for name in ("tiny", "mp0-medium"):
     coupling = couplings[name]
     d1, d2, d3 = coupling["coefficients"].shape
     channels, paths = coupling["channels"], int(coupling["path_of"].max()) + 1
+    key = conv_codegen.register(coupling["coefficients"], coupling["path_of"])
     for dtype in (torch.float64, torch.float32):
         # Plain rows with no padding atom; pair rows (E/2) with one, as a Potential has.
         for skip, halves in ((0, 1), (1, 2)):
@@ -109,9 +110,9 @@ for name in ("tiny", "mp0-medium"):
             paths_of = coupling["path_of"].to({device!r})
             receiver_runs = conv_triton.runs(index[1], atoms)
             want = [convolve_reference(x, y, w, t, paths_of, index, skip)]
-            got = [conv_triton.forward(x, y, w, t, paths_of, index[0], receiver_runs, skip)]
+            got = [conv_triton.forward(key, x, y, w, t, index[0], receiver_runs, skip)]
             want += convolve_backward_reference(g, x, y, w, t, paths_of, index, skip)
-            got += conv_triton.backward(g, x, y, w, t, paths_of, index, receiver_runs,
+            got += conv_triton.backward(key, g, x, y, w, t, index, receiver_runs,
                                         conv_triton.runs(index[0], atoms), skip)
             report[f"{{name}} {{dtype}} skip={{skip}} rows=E/{{halves}}"] = [
                 float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)
@@ -146,17 +147,22 @@ def test_the_kernels_match_the_torch_formulas_in_the_interpreter(clean_env, tmp_
 
 
 def test_the_kernels_compile_for_hopper(monkeypatch):
-    """Triton's whole pipeline down to an sm_90 cubin for MP-0 medium's second block."""
+    """Triton's whole pipeline down to an sm_90 cubin for MP-0 medium's second block: the
+    kernels generated for its coupling (float32, coefficients in the code) and the others."""
+    from fastmace.dynamics import conv_codegen, kernel_sources
     from fastmace.dynamics import conv_triton as kernels
 
-    names = ("_conv_forward", "_edges_backward", "_sum_by_sender", "_zero_skipped_edges")
-    compiled: list[str] = []
-    for name in names:
-        monkeypatch.setattr(kernels, name, CompileForHopper(getattr(kernels, name), compiled))
     # The float64 conversion the other tests use (converting MP-0 medium again in float32 took
     # 37 s): the kernels compile for the coefficients' shapes and the argument dtypes, and the
     # arguments are float32 here.
     coupling = coupling_of(cueq_model("mp0-medium", torch.float64).interactions[1])
+    key = conv_codegen.register(coupling.coefficients, coupling.path_of)
+    generated = conv_codegen.kernels(key, literal=True)
+    compiled: list[str] = []
+    names = [(generated, "_forward"), (generated, "_backward"), (kernels, "_sum_by_sender"),
+             (kernels, "_zero_skipped_edges")]  # fmt: skip
+    for module, name in names:
+        monkeypatch.setattr(module, name, CompileForHopper(getattr(module, name), compiled))
     d1, d2, d3 = coupling.coefficients.shape
     c, p = coupling.channels, coupling.paths
     atoms, edges = 5, 8
@@ -164,9 +170,30 @@ def test_the_kernels_compile_for_hopper(monkeypatch):
     t = coupling.coefficients.float()
     index = torch.zeros(2, edges, dtype=torch.int64)
     runs = kernels.runs(index[1], atoms)
-    kernels.forward(x, y, w, t, coupling.path_of, index[0], runs, 1)
-    kernels.backward(torch.zeros(atoms, d3, c), x, y, w, t, coupling.path_of, index, runs, runs, 1)
-    assert compiled == list(names)
+    try:
+        kernels.forward(key, x, y, w, t, index[0], runs, 1)
+        kernels.backward(key, torch.zeros(atoms, d3, c), x, y, w, t, index, runs, runs, 1)
+    finally:
+        kernel_sources.forget(conv_codegen.module_name(key, literal=True))  # not kernels now
+    assert compiled == ["_forward", "_backward", "_sum_by_sender", "_zero_skipped_edges"]
+
+
+def test_the_generated_kernels_hold_only_the_couplings_nonzero_entries():
+    """MP-0 medium's second block couples 4 x 16 inputs to 40 outputs through 86 of T's 2,560
+    entries: each appears once in the forward (in m_ik) and twice in the backward (m_ik and
+    dL/dY), and nothing else of T does."""
+    from fastmace.dynamics import conv_codegen
+
+    coupling = coupling_of(cueq_model("mp0-medium", torch.float64).interactions[1])
+    entries = conv_codegen.coupling_entries(coupling.coefficients)
+    nonzero = int((coupling.coefficients != 0).sum())
+    assert len(entries) == nonzero < coupling.coefficients.numel() // 20
+    source = conv_codegen.kernel_source(coupling.coefficients, coupling.path_of)
+    forward, backward = source.split("def _backward")
+    for entry in entries:
+        name = f"t{entry.i}_{entry.j}_{entry.k}"
+        assert forward.count(f"{name} * ") == 1 and backward.count(f"{name} * ") == 2, name
+    assert source.count("tl.load(coefficients + ") == 2 * len(entries)  # float64: read once
 
 
 @pytest.mark.gpu

@@ -236,6 +236,8 @@ def test_the_generated_kernels_compile_for_hopper():
         )
         p, i = (torch.randint(0, n, (count,), generator=generator) for n in (29, 4))
         basis[m, p, i] = value
+    from fastmace.dynamics import kernel_sources
+
     key = product_codegen.register(monomials, basis, 16)
     module = product_codegen.kernels(key, literal=True)  # float32: coefficients in the code
     compiled: list[str] = []
@@ -248,7 +250,7 @@ def test_the_generated_kernels_compile_for_hopper():
         product_codegen.forward(key, x, rows, weights, terms)
         product_codegen.backward(key, torch.zeros(5, 4, 128), x, rows, weights, terms)
     finally:
-        product_codegen._LOADED.pop((key, True))  # the stand-ins are not kernels
+        kernel_sources.forget(product_codegen.module_name(key, literal=True))  # not kernels now
     assert compiled == ["_forward", "_backward"]
 
 
@@ -275,7 +277,7 @@ import json, sys, torch
 sys.path.insert(0, {tests!r})
 from helpers.potential_checks import assert_matches_reference, model_of
 from helpers.structures import ase_edges, cluster, copper_supercell, triclinic_mixed
-from fastmace.dynamics import product_codegen
+from fastmace.dynamics import kernel_sources
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
 from fastmace.models import backends
@@ -294,7 +296,7 @@ for name, reference, species, structures in cases:
     state = State.from_atoms(structures)
     output = potential(state, ase_edges(state, potential.r_max, 1.5), compute_stress=True)
     assert_matches_reference(reference, structures, output, state)
-print(json.dumps(sorted(product_codegen._LOADED)))
+print(json.dumps(kernel_sources.loaded()))
 """
 
 
@@ -304,7 +306,9 @@ def test_a_potential_with_the_kernels_in_the_interpreter_gives_mace_torchs_resul
     loaded = python_report(code, {**clean_env, "TRITON_INTERPRET": "1"})
     # Kernels are generated when they first run: for each block's basis (the demo model's
     # two blocks have the tiny template's bases), float64 kernels reading their coefficients.
-    assert len(loaded) == 2 and all(not literal for _, literal in loaded)
+    assert len(loaded) == 2 and all(
+        name.startswith("product_") and name.endswith("_loaded") for name in loaded
+    )
 
 
 @pytest.mark.gpu

@@ -19,10 +19,13 @@ atom's run), so the sum over an atom's edges stays in registers: no atomics, and
 inputs give the same bits. The per-edge messages and their weights' products are never
 written to memory.
 
-Backward, for forces and stress (one order: MD needs no second derivative):
+The two kernels that depend on the coupling, the forward and the edges' backward, are
+generated for it (conv_codegen.py, under the key its ``register`` returns). Backward, for
+forces and stress (one order: MD needs no second derivative):
 
-1. ``_edges_backward`` (receiver order) gives, per edge, dL/dw (P, C), dL/dY (D2, one partial
-   row per channel tile) and h = dL/d(x[s]) (D1, C), the edge's share of its sender's gradient;
+1. the generated ``_backward`` (receiver order) gives, per edge, dL/dw (P, C), dL/dY (D2, one
+   partial row per channel tile) and h = dL/d(x[s]) (D1, C), the edge's share of its sender's
+   gradient;
 2. ``_sum_by_sender`` (sender order) sums h over each atom's outgoing edges.
 
 ``skip`` trailing atoms (FastMACE's padding atom, whose edges are all the capacity's padding)
@@ -37,102 +40,16 @@ Triton's interpreter on the CPU (and compiled on a GPU).
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import triton
 import triton.language as tl
 
-CHANNELS = 32  # channels per program
+from fastmace.dynamics import conv_codegen
+
+THREADS = 128  # channels per program, one per thread: 4 warps
 EDGES = 128  # edges per program of the zeroing kernel
-
-
-@triton.jit
-def _coupling(coefficients, D1: tl.constexpr, D2: tl.constexpr, D3: tl.constexpr,
-              D1P: tl.constexpr, D2P: tl.constexpr, D3P: tl.constexpr):  # fmt: skip
-    """T as a (D1P, D2P, D3P) register tensor, zero in the padding."""
-    i = tl.arange(0, D1P)[:, None, None]
-    j = tl.arange(0, D2P)[None, :, None]
-    k = tl.arange(0, D3P)[None, None, :]
-    mask = (i < D1) & (j < D2) & (k < D3)
-    return tl.load(coefficients + (i * D2 + j) * D3 + k, mask=mask, other=0.0)
-
-
-@triton.jit
-def _edge(order, sender, harmonics, pos, coupling, D2: tl.constexpr, D2P: tl.constexpr):
-    """Edge at sorted position ``pos``: its index, sender and M = T . Y (D1P, D3P)."""
-    edge = tl.load(order + pos)
-    source = tl.load(sender + edge)
-    j = tl.arange(0, D2P)
-    y = tl.load(harmonics + edge * D2 + j, mask=j < D2, other=0.0)
-    return edge, source, tl.sum(coupling * y[None, :, None], axis=1)
-
-
-@triton.jit
-def _conv_forward(features, harmonics, weights, coefficients, path_of, sender, order, starts,
-                  out, channels, weight_rows,
-                  D1: tl.constexpr, D2: tl.constexpr, D3: tl.constexpr, PATHS: tl.constexpr,
-                  D1P: tl.constexpr, D2P: tl.constexpr, D3P: tl.constexpr,
-                  CHANNELS: tl.constexpr):  # fmt: skip
-    atom = tl.program_id(0)
-    c = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
-    i = tl.arange(0, D1P)
-    k = tl.arange(0, D3P)
-    c_ok = c < channels
-    x_mask = (i < D1)[:, None] & c_ok[None, :]
-    k_mask = (k < D3)[:, None] & c_ok[None, :]
-    coupling = _coupling(coefficients, D1, D2, D3, D1P, D2P, D3P)
-    path = tl.load(path_of + k, mask=k < D3, other=0)
-    total = tl.zeros([D3P, CHANNELS], dtype=out.dtype.element_ty)
-    for pos in range(tl.load(starts + atom), tl.load(starts + atom + 1)):
-        edge, source, m = _edge(order, sender, harmonics, pos, coupling, D2, D2P)
-        x = tl.load(features + (source * D1 + i[:, None]) * channels + c[None, :],
-                    mask=x_mask, other=0.0)  # fmt: skip
-        u = tl.sum(m[:, :, None] * x[:, None, :], axis=0)
-        row = (edge % weight_rows) * PATHS
-        w = tl.load(weights + (row + path[:, None]) * channels + c[None, :],
-                    mask=k_mask, other=0.0)  # fmt: skip
-        total += w * u
-    tl.store(out + (atom * D3 + k[:, None]) * channels + c[None, :], total, mask=k_mask)
-
-
-@triton.jit
-def _edges_backward(grad, features, harmonics, weights, coefficients, path_of, sender, order,
-                    starts, grad_weights, grad_harmonics, shares, channels, weight_rows,
-                    D1: tl.constexpr, D2: tl.constexpr, D3: tl.constexpr, PATHS: tl.constexpr,
-                    D1P: tl.constexpr, D2P: tl.constexpr, D3P: tl.constexpr,
-                    CHANNELS: tl.constexpr):  # fmt: skip
-    atom = tl.program_id(0)
-    tile = tl.program_id(1)
-    tiles = tl.num_programs(1)
-    c = tile * CHANNELS + tl.arange(0, CHANNELS)
-    i = tl.arange(0, D1P)
-    j = tl.arange(0, D2P)
-    k = tl.arange(0, D3P)
-    c_ok = c < channels
-    x_mask = (i < D1)[:, None] & c_ok[None, :]
-    k_mask = (k < D3)[:, None] & c_ok[None, :]
-    coupling = _coupling(coefficients, D1, D2, D3, D1P, D2P, D3P)
-    path = tl.load(path_of + k, mask=k < D3, other=0)
-    g = tl.load(grad + (atom * D3 + k[:, None]) * channels + c[None, :], mask=k_mask, other=0.0)
-    for pos in range(tl.load(starts + atom), tl.load(starts + atom + 1)):
-        edge, source, m = _edge(order, sender, harmonics, pos, coupling, D2, D2P)
-        x = tl.load(features + (source * D1 + i[:, None]) * channels + c[None, :],
-                    mask=x_mask, other=0.0)  # fmt: skip
-        row = (edge % weight_rows) * PATHS
-        w = tl.load(weights + (row + path[:, None]) * channels + c[None, :],
-                    mask=k_mask, other=0.0)  # fmt: skip
-        # dL/dw: each path's components of g * (x . M), summed.
-        gu = g * tl.sum(m[:, :, None] * x[:, None, :], axis=0)
-        for p in tl.static_range(PATHS):
-            part = tl.sum(tl.where((path == p)[:, None], gu, 0.0), axis=0)
-            tl.store(grad_weights + (edge * PATHS + p) * channels + c, part, mask=c_ok)
-        gw = g * w
-        # The sender's share: h[i, c] = sum_k M[i, k] g[k, c] w[k, c].
-        h = tl.sum(m[:, :, None] * gw[None, :, :], axis=1)
-        tl.store(shares + (edge * D1 + i[:, None]) * channels + c[None, :], h, mask=x_mask)
-        # dL/dY[j] = sum_{i,k} T[i, j, k] sum_c x[i, c] g[k, c] w[k, c] (this tile's channels).
-        a = tl.sum(x[:, None, :] * gw[None, :, :], axis=2)
-        gy = tl.sum(tl.sum(coupling * a[:, None, :], axis=2), axis=0)
-        tl.store(grad_harmonics + (edge * tiles + tile) * D2 + j, gy, mask=j < D2)
 
 
 @triton.jit
@@ -169,16 +86,6 @@ def _zero_skipped_edges(receiver, first_skipped, grad_weights, grad_harmonics, e
                  mask=mask)  # fmt: skip
 
 
-def _padded(size: int) -> int:
-    return triton.next_power_of_2(max(size, 1))
-
-
-def _shape(features: torch.Tensor, coefficients: torch.Tensor, paths: int) -> dict[str, int]:
-    d1, d2, d3 = coefficients.shape
-    return {"D1": d1, "D2": d2, "D3": d3, "PATHS": paths,
-            "D1P": _padded(d1), "D2P": _padded(d2), "D3P": _padded(d3)}  # fmt: skip
-
-
 def runs(index: torch.Tensor, atoms: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Edges sorted by ``index`` (stable) and each atom's run in that order: (E,), (atoms+1,).
     Device work only (no synchronisation), so it can be captured in a CUDA graph."""
@@ -187,72 +94,87 @@ def runs(index: torch.Tensor, atoms: int) -> tuple[torch.Tensor, torch.Tensor]:
     return order, torch.searchsorted(index[order], bounds)
 
 
+def _launch(key: str, features: torch.Tensor, threads: int) -> tuple[ModuleType, int, dict]:
+    """The generated kernels for the features' dtype, the channel tiles per atom and the
+    launch's tile: all of an atom's channels in one program where they fit in ``threads`` (a
+    power of two from 32), one channel per thread."""
+    channels = features.shape[2]
+    width = min(threads, triton.next_power_of_2(channels))
+    module = conv_codegen.kernels(key, literal=features.dtype == torch.float32)
+    return (
+        module,
+        triton.cdiv(channels, width),
+        {"CHANNELS": width, "num_warps": max(1, width // 32)},
+    )
+
+
 def forward(
+    key: str,
     features: torch.Tensor,
     harmonics: torch.Tensor,
     weights: torch.Tensor,
     coefficients: torch.Tensor,
-    path_of: torch.Tensor,
     sender: torch.Tensor,
     receiver_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
+    threads: int = THREADS,
 ) -> torch.Tensor:
-    """(N, D1, C) features -> (N, D3, C) messages summed over each atom's incoming edges."""
+    """(N, D1, C) features -> (N, D3, C) messages summed over each atom's incoming edges,
+    with the kernels of the coupling registered under ``key`` (``coefficients`` is its T)."""
     atoms, _, channels = features.shape
-    paths = weights.shape[1]
-    shape = _shape(features, coefficients, paths)
-    out = torch.empty((atoms, shape["D3"], channels), dtype=features.dtype, device=features.device)
+    out = torch.empty((atoms, coefficients.shape[2], channels), dtype=features.dtype,
+                      device=features.device)  # fmt: skip
     if skip:
         out[atoms - skip :].zero_()
-    order, starts = receiver_runs
-    grid = (atoms - skip, triton.cdiv(channels, CHANNELS))
-    if grid[0] > 0:
-        _conv_forward[grid](features, harmonics, weights, coefficients, path_of, sender, order,
-                            starts, out, channels, weights.shape[0], CHANNELS=CHANNELS,
-                            **shape)  # fmt: skip
+    if atoms - skip > 0:
+        module, tiles, tile = _launch(key, features, threads)
+        order, starts = receiver_runs
+        module._forward[(atoms - skip, tiles)](
+            features, harmonics, weights, coefficients, sender, order, starts, out, channels,
+            weights.shape[0], **tile,
+        )  # fmt: skip
     return out
 
 
 def backward(
+    key: str,
     grad: torch.Tensor,
     features: torch.Tensor,
     harmonics: torch.Tensor,
     weights: torch.Tensor,
     coefficients: torch.Tensor,
-    path_of: torch.Tensor,
     edge_index: torch.Tensor,
     receiver_runs: tuple[torch.Tensor, torch.Tensor],
     sender_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
+    threads: int = THREADS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dL/d(features) (N, D1, C), dL/d(harmonics) (E, D2), dL/dw per edge (E, P, C)."""
-    atoms, _, channels = features.shape
-    edges = harmonics.shape[0]
+    atoms, d1, channels = features.shape
+    edges, d2 = harmonics.shape
     paths = weights.shape[1]
-    shape = _shape(features, coefficients, paths)
-    tiles = triton.cdiv(channels, CHANNELS)
     device, dtype = features.device, features.dtype
+    module, tiles, tile = _launch(key, features, threads)
     grad_weights = torch.empty((edges, paths, channels), dtype=dtype, device=device)
-    partial_harmonics = torch.empty((edges, tiles, shape["D2"]), dtype=dtype, device=device)
-    shares = torch.empty((edges, shape["D1"], channels), dtype=dtype, device=device)
+    partial_harmonics = torch.empty((edges, tiles, d2), dtype=dtype, device=device)
+    shares = torch.empty((edges, d1, channels), dtype=dtype, device=device)
     grad_features = torch.empty_like(features)
     if skip:
         grad_features[atoms - skip :].zero_()
     sender, receiver = edge_index[0], edge_index[1]
     if atoms - skip > 0:
-        _edges_backward[(atoms - skip, tiles)](
-            grad, features, harmonics, weights, coefficients, path_of, sender,
-            receiver_runs[0], receiver_runs[1], grad_weights, partial_harmonics, shares,
-            channels, weights.shape[0], CHANNELS=CHANNELS, **shape,
+        module._backward[(atoms - skip, tiles)](
+            grad, features, harmonics, weights, coefficients, sender, receiver_runs[0],
+            receiver_runs[1], grad_weights, partial_harmonics, shares, channels,
+            weights.shape[0], **tile,
         )  # fmt: skip
         _sum_by_sender[(atoms - skip, tiles)](
             shares, receiver, atoms - skip, sender_runs[0], sender_runs[1], grad_features,
-            channels,
-            D1=shape["D1"], D1P=shape["D1P"], CHANNELS=CHANNELS,
+            channels, D1=d1, D1P=triton.next_power_of_2(d1), **tile,
         )  # fmt: skip
     if skip and edges:
         _zero_skipped_edges[(triton.cdiv(edges, EDGES),)](
             receiver, atoms - skip, grad_weights, partial_harmonics, edges, paths * channels,
-            tiles * shape["D2"], EDGES=EDGES, COLUMNS=64,
+            tiles * d2, EDGES=EDGES, COLUMNS=64,
         )  # fmt: skip
     return grad_features, partial_harmonics.sum(dim=1), grad_weights

@@ -131,20 +131,23 @@ def fused_conv(
     path_of: torch.Tensor,
     edge_index: torch.Tensor,
     skip: int,
+    key: str,
 ) -> torch.Tensor:
-    """(N, D1, C), (E, D2), (rows, P, C) -> (N, D3, C); differentiable in the first three."""
+    """(N, D1, C), (E, D2), (rows, P, C) -> (N, D3, C); differentiable in the first three.
+    ``key``: the coupling's, from conv_codegen.register (the kernels are generated for it)."""
     if features.is_cuda:
         from fastmace.dynamics import conv_triton
 
         runs = conv_triton.runs(edge_index[1], features.shape[0])
-        return conv_triton.forward(features, harmonics, weights, coefficients, path_of,
+        return conv_triton.forward(key, features, harmonics, weights, coefficients,
                                    edge_index[0], runs, skip)  # fmt: skip
     return convolve_reference(features, harmonics, weights, coefficients, path_of, edge_index,
                               skip)  # fmt: skip
 
 
 @fused_conv.register_fake
-def _fused_conv_shape(features, harmonics, weights, coefficients, path_of, edge_index, skip):
+def _fused_conv_shape(features, harmonics, weights, coefficients, path_of, edge_index, skip,
+                      key):  # fmt: skip
     return features.new_empty((features.shape[0], coefficients.shape[2], features.shape[2]))
 
 
@@ -158,6 +161,7 @@ def fused_conv_backward(
     path_of: torch.Tensor,
     edge_index: torch.Tensor,
     skip: int,
+    key: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of :func:`fused_conv` (not differentiable again: forces need one order)."""
     if features.is_cuda:
@@ -165,7 +169,7 @@ def fused_conv_backward(
 
         atoms = features.shape[0]
         found = conv_triton.backward(
-            grad, features, harmonics, weights, coefficients, path_of, edge_index,
+            key, grad, features, harmonics, weights, coefficients, edge_index,
             conv_triton.runs(edge_index[1], atoms), conv_triton.runs(edge_index[0], atoms), skip,
         )  # fmt: skip
     else:
@@ -177,21 +181,21 @@ def fused_conv_backward(
 
 @fused_conv_backward.register_fake
 def _fused_conv_backward_shape(grad, features, harmonics, weights, coefficients, path_of,
-                               edge_index, skip):  # fmt: skip
+                               edge_index, skip, key):  # fmt: skip
     return torch.empty_like(features), torch.empty_like(harmonics), torch.empty_like(weights)
 
 
 def _setup(ctx, inputs, output) -> None:
-    features, harmonics, weights, coefficients, path_of, edge_index, skip = inputs
+    features, harmonics, weights, coefficients, path_of, edge_index, skip, key = inputs
     ctx.save_for_backward(features, harmonics, weights, coefficients, path_of, edge_index)
-    ctx.skip = skip
+    ctx.skip, ctx.key = skip, key
 
 
 def _backward(ctx, grad):
     features, harmonics, weights, coefficients, path_of, edge_index = ctx.saved_tensors
     grads = fused_conv_backward(grad.contiguous(), features, harmonics, weights, coefficients,
-                                path_of, edge_index, ctx.skip)  # fmt: skip
-    return *grads, None, None, None, None
+                                path_of, edge_index, ctx.skip, ctx.key)  # fmt: skip
+    return *grads, None, None, None, None, None
 
 
 fused_conv.register_autograd(_backward, setup_context=_setup)
@@ -211,7 +215,10 @@ class FusedConvolution(torch.nn.Module):
 
     def __init__(self, coupling: Coupling, dtype: torch.dtype, device: torch.device,
                  skip: int = 0) -> None:  # fmt: skip
+        from fastmace.dynamics import conv_codegen
+
         super().__init__()
+        self.key = conv_codegen.register(coupling.coefficients, coupling.path_of)
         self.register_buffer("coefficients", coupling.coefficients.to(dtype=dtype, device=device))
         self.register_buffer("path_of", coupling.path_of.to(device))
         self.channels = coupling.channels
@@ -229,7 +236,7 @@ class FusedConvolution(torch.nn.Module):
         features = node_feats.reshape(atoms, -1, channels).contiguous()
         weights = tp_weights.reshape(tp_weights.shape[0], self.paths, channels).contiguous()
         out = fused_conv(features, edge_attrs.contiguous(), weights, self.coefficients,
-                         self.path_of, edge_index, self.skip)  # fmt: skip
+                         self.path_of, edge_index, self.skip, self.key)  # fmt: skip
         return out.reshape(atoms, -1)
 
 

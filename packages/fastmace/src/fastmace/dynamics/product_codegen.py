@@ -17,28 +17,24 @@ int32 (-1: an element the run does not have, NaN out); weights (E, P, C), each k
 element's weights in the basis's directions (product_basis._effective_weights); coefficients
 (T,), the terms' in the order of :func:`basis_terms`; out (N, D_out, C).
 
-The source is generated once per basis, dtype kind and process, written to a private
-temporary directory (Triton compiles from a function's source file) and imported from there;
-Triton's own cache keeps the compiled kernels by their source. ``tests/test_product_basis.py``
-runs the generated kernels in Triton's interpreter against product_basis.py's torch formulas
-and compiles them for sm_90.
+The source is generated once per basis, dtype kind and process and imported from a private
+directory (kernel_sources.py); Triton's own cache keeps the compiled kernels by their source.
+``tests/test_product_basis.py`` runs the generated kernels in Triton's interpreter against
+product_basis.py's torch formulas and compiles them for sm_90.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from fastmace.dynamics import kernel_sources
+
 THREADS = 128  # one value of the tile per thread: 4 warps
-_DIRECTORY: Path | None = None  # this process's generated sources
-_LOADED: dict[tuple[str, bool], ModuleType] = {}
 _BASES: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
 
 
@@ -71,20 +67,12 @@ def _coefficients(terms: list[Term], literal: bool) -> list[str]:
     """Each term's coefficient as the generated code reads it: a float32 literal (its repr
     is exact, and Triton takes a literal as float32), or a load from ``coefficients``."""
     if literal:
-        return [repr(float(torch.tensor(t.coefficient, dtype=torch.float32))) for t in terms]
+        return [kernel_sources.float32_literal(t.coefficient) for t in terms]
     return [f"tl.load(coefficients + {k})" for k in range(len(terms))]
 
 
 def _product(names: list[str]) -> str:
     return " * ".join(names) if names else "1.0"
-
-
-def _sum(parts: list[str], indent: str) -> str:
-    """A sum of many parts, a few per line (a long expression in one line of source is slow
-    for Python's parser and for Triton's)."""
-    lines = [" + ".join(parts[k : k + 4]) for k in range(0, len(parts), 4)]
-    joined = (" +\n" + indent).join(lines)
-    return f"({joined})" if len(lines) > 1 else joined
 
 
 def kernel_source(
@@ -140,8 +128,8 @@ def kernel_source(
             inner = [
                 f"{coefficient[id(t)]} * {_product([f'x{j}' for j in t.factors])}" for t in group
             ]
-            parts.append(f"w{p} * ({_sum(inner, ' ' * 12)})")
-        value = _sum(parts, " " * 8) if parts else "x0 * 0.0"
+            parts.append(f"w{p} * ({kernel_sources.joined_sum(inner, ' ' * 12)})")
+        value = kernel_sources.joined_sum(parts, " " * 8) if parts else "x0 * 0.0"
         forward += [
             f"    o{i} = {value}",
             f"    o{i} = tl.where(missing, float('nan'), o{i})",
@@ -170,20 +158,13 @@ def kernel_source(
             scale = coefficient[id(term)] + ("" if count == 1 else f" * {count}.0")
             parts.append(f"{scale} * gw{term.output}_{term.direction} * "
                          f"{_product([f'x{k}' for k in rest])}")  # fmt: skip
-        value = _sum(parts, " " * 8) if parts else "x0 * 0.0"
+        value = kernel_sources.joined_sum(parts, " " * 8) if parts else "x0 * 0.0"
         backward += [
             f"    d{j} = {value}",
             f"    d{j} = tl.where(missing, float('nan'), d{j})",
             f"    tl.store(grad_x + (atom * {inputs} + {j}) * channels + c, d{j}, mask=ok)",
         ]
     return "\n".join([*head, *forward, "", "", *backward, ""])
-
-
-def _directory() -> Path:
-    global _DIRECTORY
-    if _DIRECTORY is None:  # private to this process (mkdtemp makes it 0700)
-        _DIRECTORY = Path(tempfile.mkdtemp(prefix="fastmace-product-"))
-    return _DIRECTORY
 
 
 def register(monomials: torch.Tensor, basis: torch.Tensor, inputs: int) -> str:
@@ -206,17 +187,12 @@ def kernels(key: str, literal: bool = False) -> ModuleType:
     """The module holding ``_forward`` and ``_backward`` for the basis registered under
     ``key`` (``literal``: float32 kernels, see :func:`kernel_source`), generated and imported
     once per process."""
-    if (key, literal) not in _LOADED:
-        source = kernel_source(*_BASES[key], literal=literal)
-        name = f"product_{key}_{'literal' if literal else 'loaded'}"
-        path = _directory() / f"{name}.py"
-        path.write_text(source)
-        spec = importlib.util.spec_from_file_location(f"fastmace_{name}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _LOADED[key, literal] = module
-    return _LOADED[key, literal]
+    name = module_name(key, literal)
+    return kernel_sources.load(name, lambda: kernel_source(*_BASES[key], literal=literal))
+
+
+def module_name(key: str, literal: bool) -> str:
+    return f"product_{key}_{'literal' if literal else 'loaded'}"
 
 
 def _launch(

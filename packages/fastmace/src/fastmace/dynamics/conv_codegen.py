@@ -1,0 +1,216 @@
+"""The interaction convolution's Triton kernels, written out for one block's coupling (CUDA).
+
+conv_triton.py says what the convolution computes. Its first kernels held the whole coupling
+T (D1, D2, D3) as a register tensor and reduced three-dimensional tiles per edge, mostly over
+zeros of T, and the backward needed 215 registers a thread (docs/design/convolution.md).
+Here T's nonzero entries are written into the kernels' source as straight-line code, as the
+product basis' are (product_codegen.py): a program holds one receiving atom and a tile of
+channels, one channel per thread, and per incoming edge
+
+    m_ik = sum_j T[i, j, k] * Y[e, j]           (scalars: the same for every channel)
+    u_k  = sum_i m_ik * x[s, i]                 (only the (i, k) that T couples)
+    out_k += w[e, path(k)] * u_k
+
+so each thread does the nonzero work of its channel and nothing is reduced in the forward.
+The backward (receiver order, as the forward) writes per edge dL/dw (P, C), the sender's
+share h_i = sum_k m_ik g_k w_k (D1, C) and dL/dY_j (D2 sums over the tile's channels); the
+shares are summed by sender and the skipped atoms' rows zeroed by conv_triton.py's kernels.
+
+In float32 kernels the coefficients are literals (exact float32 numbers); in float64 ones
+they are read once per program from ``coefficients`` (D1, D2, D3), as Triton would round a
+literal to float32. ``tests/test_fused_conv.py`` runs the kernels in Triton's interpreter
+against fused_conv.py's torch formulas and compiles them for sm_90.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from fastmace.dynamics import kernel_sources
+
+_COUPLINGS: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """``T[i, j, k] = value``, a nonzero coupling coefficient."""
+
+    i: int
+    j: int
+    k: int
+    value: float
+
+
+def coupling_entries(coefficients: torch.Tensor) -> list[Entry]:
+    """The nonzero entries of ``coefficients`` (D1, D2, D3), in (i, j, k) order."""
+    found = torch.nonzero(coefficients).tolist()
+    return [Entry(i, j, k, float(coefficients[i, j, k])) for i, j, k in found]
+
+
+def register(coefficients: torch.Tensor, path_of: torch.Tensor) -> str:
+    """A key for this coupling, by which :func:`kernels` finds it (the custom op passes it)."""
+    coefficients = coefficients.detach().double().cpu().contiguous()
+    path_of = path_of.detach().cpu().to(torch.int64).contiguous()
+    digest = hashlib.sha256()
+    for tensor in (coefficients, path_of):
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.numpy().tobytes())
+    key = digest.hexdigest()[:24]
+    _COUPLINGS[key] = (coefficients, path_of)
+    return key
+
+
+def coupling_of_key(key: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The coefficients (float64) and path of each output component registered under ``key``."""
+    return _COUPLINGS[key]
+
+
+def module_name(key: str, literal: bool) -> str:
+    return f"conv_{key}_{'literal' if literal else 'loaded'}"
+
+
+def kernels(key: str, literal: bool = False) -> ModuleType:
+    """The module holding ``_forward`` and ``_backward`` for the coupling under ``key``
+    (``literal``: float32 kernels), generated and imported once per process."""
+    name = module_name(key, literal)
+    return kernel_sources.load(name, lambda: kernel_source(*_COUPLINGS[key], literal=literal))
+
+
+class _Writer:
+    """The pieces both kernels share, as lines of source."""
+
+    def __init__(self, coefficients: torch.Tensor, path_of: torch.Tensor, literal: bool) -> None:
+        self.d1, self.d2, self.d3 = coefficients.shape
+        self.path_of = [int(p) for p in path_of.tolist()]
+        self.paths = max(self.path_of) + 1
+        self.entries = coupling_entries(coefficients)
+        self.literal = literal
+        self.by_pair: dict[tuple[int, int], list[Entry]] = defaultdict(list)
+        for entry in self.entries:
+            self.by_pair[entry.i, entry.k].append(entry)
+        self.pairs = sorted(self.by_pair)
+        self.inputs = sorted({i for i, _ in self.pairs})
+        self.outputs = sorted({k for _, k in self.pairs})
+        self.harmonics = sorted({entry.j for entry in self.entries})
+
+    def coefficient(self, entry: Entry) -> str:
+        if self.literal:
+            return kernel_sources.float32_literal(entry.value)
+        return f"t{entry.i}_{entry.j}_{entry.k}"
+
+    def prologue(self) -> list[str]:
+        lines = [
+            "    atom = tl.program_id(0).to(tl.int64)",
+            "    c = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)",
+            "    ok = c < channels",
+        ]
+        if not self.literal:  # read once per program, not once per edge
+            d2, d3 = self.d2, self.d3
+            lines += [
+                f"    t{e.i}_{e.j}_{e.k} = tl.load(coefficients + {(e.i * d2 + e.j) * d3 + e.k})"
+                for e in self.entries
+            ]
+        return lines
+
+    def edge(self) -> list[str]:
+        """The loop over the atom's incoming edges and, per edge, its inputs and the m_ik."""
+        indent = " " * 12
+        lines = [
+            "    for pos in range(tl.load(starts + atom), tl.load(starts + atom + 1)):",
+            "        edge = tl.load(order + pos).to(tl.int64)",
+            "        source = tl.load(sender + edge).to(tl.int64)",
+            f"        row = (edge % weight_rows) * {self.paths}",
+            *[
+                f"        y{j} = tl.load(harmonics + edge * {self.d2} + {j})"
+                for j in self.harmonics
+            ],
+            *[
+                f"        x{i} = tl.load(features + (source * {self.d1} + {i}) * channels + c, "
+                "mask=ok, other=0.0)"
+                for i in self.inputs
+            ],
+            *[
+                f"        w{p} = tl.load(weights + (row + {p}) * channels + c, mask=ok, other=0.0)"
+                for p in sorted({self.path_of[k] for k in self.outputs})
+            ],
+        ]
+        for i, k in self.pairs:
+            parts = [f"{self.coefficient(e)} * y{e.j}" for e in self.by_pair[i, k]]
+            lines.append(f"        m{i}_{k} = {kernel_sources.joined_sum(parts, indent)}")
+        return lines
+
+    def u(self, k: int) -> str:
+        parts = [f"m{i}_{k} * x{i}" for i in self.inputs if (i, k) in self.by_pair]
+        return kernel_sources.joined_sum(parts, " " * 12)
+
+
+def kernel_source(coefficients: torch.Tensor, path_of: torch.Tensor, literal: bool = False) -> str:
+    """The Triton source of ``_forward`` and ``_backward`` for this coupling."""
+    write = _Writer(coefficients, path_of, literal)
+    d1, d2, d3, paths = write.d1, write.d2, write.d3, write.paths
+    zeros = "tl.zeros([CHANNELS], dtype={}.dtype.element_ty)"
+    head = ["import triton", "import triton.language as tl", "", ""]
+    common = "sender, order, starts"
+    forward = [
+        "@triton.jit",
+        f"def _forward(features, harmonics, weights, coefficients, {common}, out, channels,",
+        "             weight_rows, CHANNELS: tl.constexpr):",
+        *write.prologue(),
+        *[f"    o{k} = {zeros.format('out')}" for k in write.outputs],
+        *write.edge(),
+        *[f"        o{k} += w{write.path_of[k]} * {write.u(k)}" for k in write.outputs],
+        *[
+            f"    tl.store(out + (atom * {d3} + {k}) * channels + c, "
+            f"{f'o{k}' if k in write.outputs else zeros.format('out')}, mask=ok)"
+            for k in range(d3)
+        ],
+    ]
+    backward = [
+        "@triton.jit",
+        f"def _backward(grad, features, harmonics, weights, coefficients, {common},",
+        "              grad_weights, grad_harmonics, shares, channels, weight_rows,",
+        "              CHANNELS: tl.constexpr):",
+        *write.prologue(),
+        "    tile = tl.program_id(1)",
+        "    tiles = tl.num_programs(1)",
+        *[
+            f"    g{k} = tl.load(grad + (atom * {d3} + {k}) * channels + c, mask=ok, other=0.0)"
+            for k in write.outputs
+        ],
+        *write.edge(),
+        *[f"        u{k} = {write.u(k)}" for k in write.outputs],
+    ]
+    indent = " " * 12
+    for p in range(paths):  # dL/dw: each path's components of g * u
+        parts = [f"g{k} * u{k}" for k in write.outputs if write.path_of[k] == p]
+        value = kernel_sources.joined_sum(parts, indent) or zeros.format("grad")
+        backward.append(
+            f"        tl.store(grad_weights + (edge * {paths} + {p}) * channels + c, {value}, "
+            "mask=ok)"
+        )
+    backward += [f"        gw{k} = g{k} * w{write.path_of[k]}" for k in write.outputs]
+    for i in range(d1):  # the sender's share: h_i = sum_k m_ik g_k w_k
+        parts = [f"m{i}_{k} * gw{k}" for k in write.outputs if (i, k) in write.by_pair]
+        value = kernel_sources.joined_sum(parts, indent) or zeros.format("grad")
+        backward.append(
+            f"        tl.store(shares + (edge * {d1} + {i}) * channels + c, {value}, mask=ok)"
+        )
+    backward += [f"        p{i}_{k} = x{i} * gw{k}" for i, k in write.pairs]
+    by_harmonic: dict[int, list[str]] = defaultdict(list)
+    for entry in write.entries:  # dL/dY_j = sum_{i,k} T[i, j, k] sum_c x_i g_k w_k
+        by_harmonic[entry.j].append(f"{write.coefficient(entry)} * p{entry.i}_{entry.k}")
+    for j in range(d2):
+        value = (
+            f"tl.sum({kernel_sources.joined_sum(by_harmonic[j], indent)}, axis=0)"
+            if by_harmonic[j]
+            else "0.0"
+        )
+        backward.append(
+            f"        tl.store(grad_harmonics + (edge * tiles + tile) * {d2} + {j}, {value})"
+        )
+    return "\n".join([*head, *forward, "", "", *backward, ""])
