@@ -1094,6 +1094,18 @@ ase.build.bulk('NaCl', 'rocksalt', a=5.64, cubic=True).repeat((12, 12, 12)))"
   # basis' kernels on tiles of 128 values against cuEquivariance's, at 13,824 atoms.
   product_kernels 110 13824
   ;;
+75)
+  # Issue 30: the convolution's kernels generated per coupling (conv_codegen.py: only T's
+  # nonzero entries, one channel per thread), tested in the interpreter only: their GPU test
+  # (compiled against the torch formulas, a Potential against mace-torch), then each block
+  # against cuEquivariance's fused convolution on the same inputs, and the whole potential
+  # with either, captured (stage 46 measured the first version: 11x slower backward).
+  gpu_tests 75 150 "$tests/test_fused_conv.py"
+  timeout 240 python3 benchmarks/conv_kernels.py --atoms 1728,13824 --out "$OUT/conv" \
+    > "$OUT/conv_kernels.log" 2>&1
+  echo "convolution kernels: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log"
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
