@@ -32,6 +32,7 @@ CHANGED = {
     "radial_table": True,
     "radial_table_fallback": True,
     "product_basis": True,
+    "fused_convolution": True,
     "compile_fallback": True,
     "edge_chunk_rows": 50,
 }
@@ -83,6 +84,8 @@ def read_back(potential, neighbours) -> dict[str, object]:
         "radial_table_fallback": potential.table_fallback,
         # Asked for: used, or refused with the reason (the demo model runs on e3nn here).
         "product_basis": potential.product_basis_used or bool(potential.product_basis_failure),
+        "fused_convolution": potential.fused_convolution_used
+        or bool(potential.fused_convolution_failure),
         "compile_fallback": potential.compile_fallback,
         "edge_chunk_rows": potential.edge_chunk_rows,
     }

@@ -48,6 +48,9 @@ CASES = [
     # it runs the torch formulas: the kernels' own tests are test_product_basis.py's).
     ({"config": EngineConfig(backend="cueq", product_basis=True)}, ("engine", "product_basis"),
      True),
+    # The own convolution likewise, checked against each block's own convolution.
+    ({"config": EngineConfig(backend="cueq", fused_convolution=True)},
+     ("engine", "fused_convolution"), True),
     pytest.param(
         {"graphs": False}, ("engine", "capture"), False,
         marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),

@@ -24,6 +24,7 @@ from fastmace.dynamics.fused_conv import (
     coupling_disagreement,
     coupling_of,
     fused_convolution_model,
+    module_disagreement,
 )
 from fastmace.dynamics.potential import Potential, UnsupportedModelError
 from fastmace.dynamics.state import State
@@ -59,6 +60,28 @@ def test_a_block_in_another_layout_is_refused_with_the_reason():
     """e3nn's own modules order features channel by channel (mul_ir): the check catches it."""
     with pytest.raises(ConvolutionError, match="differ from the block's own convolution"):
         fused_convolution_model(model_of("tiny", torch.float64))
+    # A potential that may fall back keeps the blocks' own convolution and says why.
+    with pytest.warns(RuntimeWarning, match="the blocks' own convolution runs"):
+        potential = Potential(model_of("tiny", torch.float64), SPECIES, fused_convolution=True,
+                              fused_convolution_fallback=True)  # fmt: skip
+    assert not potential.fused_convolution_used
+    assert "differ from the block's own convolution" in potential.fused_convolution_failure
+
+
+def test_the_module_that_runs_is_checked_against_the_blocks_own():
+    """What runs (on CUDA, the kernels) is compared with the block's convolution: right,
+    within float64's rounding; with one coefficient 1e-9 off, refused."""
+    block = cueq_model("tiny", torch.float64).interactions[1]
+    coupling = coupling_of(block)
+    cpu = torch.device("cpu")
+    ours = FusedConvolution(coupling, torch.float64, cpu, skip=1)
+    assert module_disagreement(ours, block) <= 1e-13
+    changed = coupling.coefficients.clone()
+    i, j, k = torch.nonzero(changed)[0].tolist()
+    changed[i, j, k] *= 1 + 1e-9
+    wrong = FusedConvolution(dataclasses.replace(coupling, coefficients=changed), torch.float64,
+                             cpu, skip=1)  # fmt: skip
+    assert module_disagreement(wrong, block) > 1e-12
 
 
 def test_a_long_range_model_refuses_the_fused_convolution_instead_of_dropping_it():

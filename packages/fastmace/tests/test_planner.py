@@ -630,6 +630,20 @@ IMPOSSIBLE = [
         ["product_basis=True", "long-range model"],
     ),
     (
+        "fused-convolution-on-hybrid",
+        {},
+        EngineConfig(fused_convolution=True, backend="hybrid"),
+        EVERYTHING,
+        ["fused_convolution=True", "backend cueq", "hybrid"],
+    ),
+    (
+        "fused-convolution-for-a-long-range-model",
+        {"long_range": True},
+        EngineConfig(fused_convolution=True),
+        EVERYTHING,
+        ["fused_convolution=True", "long-range model"],
+    ),
+    (
         "tf32-in-a-float64-plan",
         {"precision": "float64"},
         EngineConfig(matmul_precision="tf32"),
@@ -933,6 +947,22 @@ def test_the_own_product_basis_only_when_forced(plan_for: PlanFor) -> None:
     # Forced on the CPU too, where it runs the torch formulas (the backend forced to cuEq).
     cpu = plan_for(config=EngineConfig(product_basis=True, backend="cueq"), found=NO_GPU)
     assert cpu.engine_settings().product_basis
+
+
+def test_the_own_convolution_only_when_forced(plan_for: PlanFor) -> None:
+    # Its first version measured slower, the generated one not yet measured: not chosen.
+    plain = plan_for()
+    decision = plain.decision("fused_convolution")
+    assert (decision.value, decision.source) == (False, "measured")
+    assert "not yet measured" in decision.reason
+    assert not plain.engine_settings().fused_convolution
+    assert "convolution" not in plain.describe()
+    forced = plan_for(config=EngineConfig(fused_convolution=True, backend="cueq"))
+    assert forced.engine_settings().fused_convolution
+    assert forced.decision("fused_convolution").source == "forced"
+    assert "convolution  own" in forced.describe()
+    off = plan_for(config=EngineConfig(fused_convolution=False))
+    assert off.decision("fused_convolution").source == "forced"
 
 
 def test_radial_tables_by_default_where_the_model_allows_them(plan_for: PlanFor) -> None:

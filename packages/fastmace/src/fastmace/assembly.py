@@ -30,9 +30,10 @@ def potential(
     model: LoadedModel, atomic_numbers: Iterable[int] | torch.Tensor, settings: EngineSettings
 ) -> Potential:
     """The potential of ``model`` for these elements, with every setting of ``settings`` that
-    concerns it (compilation, GEMM precision, radial tables, the product basis, edge chunks).
-    FastMACE's own product basis falls back to cuEquivariance's when it fails its check,
-    forced or not: a kernel that disagrees must not stop a run that has a checked one."""
+    concerns it (compilation, GEMM precision, radial tables, the product basis, the
+    convolution, edge chunks). FastMACE's own product basis and convolution fall back to
+    cuEquivariance's when they fail their checks, forced or not: a kernel that disagrees must
+    not stop a run that has a checked one."""
     return Potential.from_loaded(
         model,
         atomic_numbers,
@@ -43,6 +44,8 @@ def potential(
         radial_table_fallback=settings.radial_table_fallback,
         product_basis=settings.product_basis,
         product_basis_fallback=True,
+        fused_convolution=settings.fused_convolution,
+        fused_convolution_fallback=True,
         edge_chunk_rows=settings.edge_chunk_rows,
     )
 

@@ -293,6 +293,8 @@ def engine_record(run: RunRecord) -> dict[str, Any]:
         "radial_table_failure": run.potential.table_failure,
         "product_basis": run.potential.product_basis_used,
         "product_basis_failure": run.potential.product_basis_failure,
+        "fused_convolution": run.potential.fused_convolution_used,
+        "fused_convolution_failure": run.potential.fused_convolution_failure,
         "edge_chunking": edge_chunking_record(run.potential),
         "skin_A": neighbours.skin,
         "headroom": neighbours.headroom,
@@ -456,6 +458,11 @@ def run_report(run: RunRecord, result: MDResult) -> str:
     elif run.potential.product_basis_failure:
         failure = run.potential.product_basis_failure
         graphs += f", cuEquivariance's product basis (the own one failed: {failure})"
+    if run.potential.fused_convolution_used:
+        graphs += ", FastMACE's own convolution"
+    elif run.potential.fused_convolution_failure:
+        failure = run.potential.fused_convolution_failure
+        graphs += f", cuEquivariance's convolution (the own one failed: {failure})"
     if run.potential.chunked_calls:
         rows = run.potential.edge_chunk_rows
         graphs += f", edges worked through in chunks of {rows} rows (uncompiled)"

@@ -355,15 +355,40 @@ def coupling_disagreement(
     return float((module - formula).abs().max() / formula.abs().max().clamp_min(1e-300))
 
 
+def module_disagreement(
+    ours: FusedConvolution, block: torch.nn.Module, atoms: int = 7, edges: int = 23, seed: int = 2
+) -> float:
+    """Largest difference between ``ours`` as it runs (its kernels on CUDA) and the block's
+    own convolution, on the same random inputs in the block's dtype and device, relative to
+    the largest message. No edge touches ``ours``'s skipped atoms, which get no messages."""
+    dtype, device = _dtype_device(block)
+    generator = torch.Generator().manual_seed(seed)
+    c, d1 = ours.channels, ours.coefficients.shape[0]
+    d2 = ours.coefficients.shape[1]
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator, dtype=torch.float64).to(device, dtype)
+
+    features, harmonics = draw(atoms, d1 * c), draw(edges, d2)
+    weights = draw(edges, ours.paths * c)
+    edge_index = torch.randint(0, atoms - ours.skip, (2, edges), generator=generator).to(device)
+    with torch.no_grad():
+        want = _module_messages(block, features, harmonics, weights, edge_index).double()
+        got = ours(features, harmonics, weights, edge_index).double()
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-300))
+
+
 def fused_convolution_model(
     model: torch.nn.Module, skip: int = 0, tolerance: float | None = None
 ) -> torch.nn.Module:
     """A copy of ``model`` whose interaction blocks convolve with :class:`FusedConvolution`.
 
     The copy shares every weight with ``model``. Each block's coupling is read from its own
-    module and checked against it (:func:`coupling_disagreement`, within ``tolerance``: by
-    default 1e-5 in float32, 1e-12 in float64); a block that fails, or whose convolution is
-    not channel-wise in one multiplicity, raises :class:`ConvolutionError` saying which.
+    module and checked against it (:func:`coupling_disagreement`), then the module that will
+    run, its kernels on CUDA, against the block's own convolution
+    (:func:`module_disagreement`), each within ``tolerance`` (by default 1e-5 in float32,
+    1e-12 in float64); a block that fails, or whose convolution is not channel-wise in one
+    multiplicity, raises :class:`ConvolutionError` saying which.
     """
     interactions = getattr(model, "interactions", None)
     if interactions is None:
@@ -384,8 +409,20 @@ def fused_convolution_model(
                 "kernel reads cuEquivariance's feature layout: convert the model with "
                 "backend='cueq', or leave fused_convolution off"
             )
+        convolution = FusedConvolution(coupling, dtype, device, skip)
+        try:
+            running = module_disagreement(convolution, original)
+        except Exception as error:  # a kernel that does not compile or run: the same answer
+            raise ConvolutionError(
+                f"interaction block {index}: the kernels did not run: {error}"
+            ) from error
+        if not running <= bound:
+            raise ConvolutionError(
+                f"interaction block {index}: the kernels differ from the block's own "
+                f"convolution by {running:.2e} (relative), more than {bound:.0e}"
+            )
         block = shallow_copy(original)
-        block.conv_tp = FusedConvolution(coupling, dtype, device, skip)
+        block.conv_tp = convolution
         block.conv_fusion = True  # mace's blocks take the fused calling convention then
         blocks[index] = block
     return copy

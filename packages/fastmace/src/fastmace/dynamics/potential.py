@@ -58,7 +58,7 @@ from fastmace.dynamics.edges import (
     systems_of,
     systems_of_atoms,
 )
-from fastmace.dynamics.fused_conv import fused_convolution_model
+from fastmace.dynamics.fused_conv import ConvolutionError, fused_convolution_model
 from fastmace.dynamics.module_copy import weight_sharing_copy
 from fastmace.dynamics.overflow import available_memory_bytes
 from fastmace.dynamics.pair_radials import pair_shared_model
@@ -152,10 +152,14 @@ class Potential(torch.nn.Module):
             record why in ``table_failure`` and run the radial MLPs instead of raising (for
             tables the planner chose, not the user).
         fused_convolution: each interaction block's convolution runs as FastMACE's own
-            kernel (dynamics/fused_conv.py) instead of the backend's; raises
+            kernel (dynamics/fused_conv.py) instead of the backend's, each block checked
+            against its own convolution as it will run (the kernels, on CUDA); raises
             ``ConvolutionError`` for a block it does not compute (it needs a cuEquivariance
-            model, whose features' layout is the kernel's). Under evaluation: the planner does
-            not choose it yet (docs/validation/performance.md).
+            model, whose features' layout is the kernel's) or that fails the check. Under
+            evaluation: the planner does not choose it yet (docs/design/convolution.md).
+        fused_convolution_fallback: when the convolution cannot be built or fails its check,
+            warn, record why in ``fused_convolution_failure`` and keep the block's own
+            convolution instead of raising. ``fused_convolution_used`` says which runs.
         product_basis: each product block's symmetric contraction runs as FastMACE's own
             kernel (dynamics/product_basis.py) instead of cuEquivariance's, with coefficients
             for the run's elements, each block checked against cuEquivariance's module as it
@@ -192,6 +196,7 @@ class Potential(torch.nn.Module):
         radial_table: bool = False,
         radial_table_fallback: bool = False,
         fused_convolution: bool = False,
+        fused_convolution_fallback: bool = False,
         product_basis: bool = False,
         product_basis_fallback: bool = False,
         edge_chunk_rows: int | str | None = None,
@@ -241,6 +246,8 @@ class Potential(torch.nn.Module):
         self.table_fallback = bool(radial_table_fallback)
         self.product_basis_failure: str | None = None  # why the own product basis is not used
         self.product_basis_used = False
+        self.fused_convolution_failure: str | None = None  # why the own convolution is not used
+        self.fused_convolution_used = False
         if self.long_range:
             # mace-torch's own model, unchanged: its long-range part is checked against
             # mace-torch's calculator as it is, and it has no padding node to specialise for.
@@ -256,9 +263,7 @@ class Potential(torch.nn.Module):
             if radial_table:
                 self._tabulate(radial_table_fallback)
             if fused_convolution:
-                # The last padding node has edges to itself only: no messages needed (the
-                # others' messages are computed and reach only padding nodes).
-                self.model = fused_convolution_model(self.model, skip=1)
+                self._use_fused_convolution(fused_convolution_fallback)
             if product_basis:
                 self._use_product_basis(product_basis_fallback)
             # The same weights with the radial MLPs run once per pair, for mirrored edges
@@ -314,6 +319,8 @@ class Potential(torch.nn.Module):
         matmul_precision: str = DEFAULT_MATMUL_PRECISION,
         radial_table: bool = False,
         radial_table_fallback: bool = False,
+        fused_convolution: bool = False,
+        fused_convolution_fallback: bool = False,
         product_basis: bool = False,
         product_basis_fallback: bool = False,
         edge_chunk_rows: int | str | None = None,
@@ -328,6 +335,8 @@ class Potential(torch.nn.Module):
             matmul_precision=matmul_precision,
             radial_table=radial_table,
             radial_table_fallback=radial_table_fallback,
+            fused_convolution=fused_convolution,
+            fused_convolution_fallback=fused_convolution_fallback,
             product_basis=product_basis,
             product_basis_fallback=product_basis_fallback,
             edge_chunk_rows=edge_chunk_rows,
@@ -424,6 +433,22 @@ class Potential(torch.nn.Module):
                 raise
             self.table_failure = str(error)[:500]
             warnings.warn(f"{error}; the radial MLPs run as trained", RuntimeWarning, stacklevel=3)
+
+    def _use_fused_convolution(self, fallback: bool) -> None:
+        """``model`` with FastMACE's own convolution; with ``fallback``, a model whose
+        convolution cannot be built or fails its check keeps its own, with a warning."""
+        try:
+            # The last padding node has edges to itself only: no messages needed (the
+            # others' messages are computed and reach only padding nodes).
+            self.model = fused_convolution_model(self.model, skip=1)
+            self.fused_convolution_used = True
+        except ConvolutionError as error:
+            if not fallback:
+                raise
+            self.fused_convolution_failure = str(error)[:500]
+            warnings.warn(
+                f"{error}; the blocks' own convolution runs", RuntimeWarning, stacklevel=3
+            )
 
     def _use_product_basis(self, fallback: bool) -> None:
         """``model`` with FastMACE's own product basis; with ``fallback``, a model whose

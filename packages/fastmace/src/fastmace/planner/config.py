@@ -18,7 +18,8 @@ from fastmace.vocabulary import BACKENDS, DTYPES, MATMUL_PRECISIONS
 MANTISSA_BITS = range(1, 80)
 
 _SWITCHES = (
-    "graphs", "compile", "expandable_segments", "fp64_emulation", "radial_table", "product_basis"
+    "graphs", "compile", "expandable_segments", "fp64_emulation", "radial_table",
+    "product_basis", "fused_convolution",
 )  # fmt: skip
 
 
@@ -43,6 +44,11 @@ class EngineConfig:
     cuEquivariance's (cueq and hybrid backends, local models; checked against
     cuEquivariance's module when built, which runs instead if they fail; slower so far, so
     off unless forced: docs/design/product-basis.md)."""
+    fused_convolution: bool | None = None
+    """Each interaction block's convolution as FastMACE's own kernels instead of
+    cuEquivariance's (cueq backend, local models; checked against the block's own module when
+    built, which runs instead if they fail; not yet measured faster, so off unless forced:
+    docs/design/convolution.md)."""
     graphs: bool | None = None
     """Capture each block of K steps as a CUDA graph."""
     compile: bool | None = None

@@ -75,6 +75,12 @@ PRODUCT_BASIS_REASON = (
     "(forward and backward, MP-0 medium, 13,824 atoms, H200; docs/design/product-basis.md), "
     "so cuEquivariance's runs; EngineConfig(product_basis=True) forces them"
 )
+FUSED_CONVOLUTION_REASON = (
+    "measured: FastMACE's first convolution kernels were slower than cuEquivariance's (the "
+    "second block's backward 11x, MP-0 medium, 13,824 atoms, H200); the kernels generated "
+    "per coupling that replaced them are not yet measured (docs/design/convolution.md), so "
+    "cuEquivariance's runs; EngineConfig(fused_convolution=True) forces them"
+)
 # MACE-POLAR-1 (PolarMACE): why its step is neither captured nor compiled, and its backend.
 LONG_RANGE_EAGER_REASON = (
     "rule: a long-range model (MACE-POLAR-1) runs eagerly: graph-longrange sizes its k-space "
@@ -122,6 +128,7 @@ def make_plan(
         matmul,
         table,
         _product_basis(workload, config, backend.value),
+        _fused_convolution(workload, config, backend.value),
         graphs,
         compiled,
         _block_steps(workload, config),
@@ -314,6 +321,23 @@ def _product_basis(workload: Workload, config: EngineConfig, backend: str) -> De
             )
         return Decision("product_basis", True, _forced("product_basis", True), FORCED)
     return Decision("product_basis", False, PRODUCT_BASIS_REASON, MEASURED)
+
+
+def _fused_convolution(workload: Workload, config: EngineConfig, backend: str) -> Decision:
+    name = "fused_convolution"
+    if config.fused_convolution is False:
+        return Decision(name, False, _forced(name, False), FORCED)
+    if config.fused_convolution:
+        # The kernels read cuEquivariance's feature layout; OEq's and e3nn's blocks differ.
+        if workload.long_range or backend != "cueq":
+            why = "a long-range model (MACE-POLAR-1)" if workload.long_range else backend
+            raise PlanError(
+                "EngineConfig(fused_convolution=True) replaces cuEquivariance's convolution of "
+                f"a local model (backend cueq), but the plan runs {why}; give backend='cueq', "
+                "or leave fused_convolution=None"
+            )
+        return Decision(name, True, _forced(name, True), FORCED)
+    return Decision(name, False, FUSED_CONVOLUTION_REASON, MEASURED)
 
 
 def _graphs(config: EngineConfig, device: str, long_range: bool = False) -> Decision:

@@ -116,6 +116,9 @@ class EngineSettings:
     product_basis: bool = False
     """FastMACE's own product-basis kernels (dynamics/product_basis.py), checked when built;
     cuEquivariance's contraction runs where they fail (and the run says why)."""
+    fused_convolution: bool = False
+    """FastMACE's own convolution kernels (dynamics/fused_conv.py), checked when built; the
+    block's own convolution runs where they fail (and the run says why)."""
     guard: GuardConfig = field(default_factory=GuardConfig)
     """The physical bounds the engine checks every block (fastmace.dynamics.guard)."""
     edge_chunk_rows: int | str | None = "auto"
@@ -216,6 +219,10 @@ class Plan:
         return self.value("product_basis")
 
     @property
+    def fused_convolution(self) -> bool:
+        return self.value("fused_convolution")
+
+    @property
     def block_steps(self) -> int:
         return self.value("block_steps")
 
@@ -277,6 +284,7 @@ class Plan:
             radial_table=self.radial_table,
             radial_table_fallback=self.decision("radial_table").source != FORCED,
             product_basis=self.product_basis,
+            fused_convolution=self.fused_convolution,
             guard=self.guard,
         )
 
@@ -338,6 +346,8 @@ class Plan:
             line("radial", "table", d("radial_table").reason)
         if self.product_basis:
             line("product", "own", d("product_basis").reason)
+        if self.fused_convolution:
+            line("convolution", "own", d("fused_convolution").reason)
         if self.fp64_emulation:
             bits = self.fp64_emulation_mantissa_bits
             mantissa = "cuBLAS's default mantissa" if bits is None else f"{bits} mantissa bits"
