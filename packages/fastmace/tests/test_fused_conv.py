@@ -28,6 +28,7 @@ from fastmace.dynamics.fused_conv import (
 )
 from fastmace.dynamics.potential import Potential, UnsupportedModelError
 from fastmace.dynamics.state import State
+from fastmace.dynamics.table_conv import TableLengths, TabulatedConvolution
 from fastmace.models import backends
 from fastmace.models.templates import template
 
@@ -103,12 +104,33 @@ def test_a_potential_on_the_fused_convolution_gives_mace_torchs_results(name):
         assert_matches_reference(model_of(name, torch.float64), structures, output, state)
 
 
+def test_with_radial_tables_the_convolution_reads_them_itself():
+    """Tables and the own convolution: each block's table moves into its convolution (the
+    weights interpolated where they are used), and the potential gives what tables and the
+    convolution give one after the other, on plain and mirrored edges (pairs' lengths)."""
+    model = cueq_model("tiny", torch.float64)
+    structures = [copper_supercell(), cluster()]
+    state = State.from_atoms(structures)
+    apart = Potential(model, SPECIES, radial_table=True)
+    inside = Potential(model, SPECIES, radial_table=True, fused_convolution=True)
+    blocks = list(inside.model.interactions)
+    assert all(isinstance(block.conv_tp, TabulatedConvolution) for block in blocks)
+    assert all(isinstance(block.conv_tp_weights, TableLengths) for block in blocks)
+    for edges in (ase_edges(state, inside.r_max, 1.5), model_edges(state, inside.r_max)):
+        want = apart(state, edges, compute_stress=True)
+        got = inside(state, edges, compute_stress=True)
+        for name in ("energy", "forces", "stress"):
+            torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-10,
+                                       atol=1e-12)  # fmt: skip
+
+
 # The child reads the couplings this process read from the same templates (compare): it need
 # not convert MP-0 medium to cuEquivariance again, 40 s of the test's 80 on CI's CPU.
 COMPARE = """
 import json, torch
 from fastmace.dynamics import conv_codegen, conv_triton
 from fastmace.dynamics.fused_conv import convolve_backward_reference, convolve_reference
+from fastmace.dynamics.table_conv import table_conv, table_conv_backward
 
 report = {{}}
 generator = torch.Generator().manual_seed(0)
@@ -140,6 +162,24 @@ for name in ("tiny", "mp0-medium"):
             report[f"{{name}} {{dtype}} skip={{skip}} rows=E/{{halves}}"] = [
                 float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)
             ]
+        # The weights read from a radial table inside the kernels, as a Potential runs them
+        # (pair rows, a padding atom); lengths from 0 to past the table's end.
+        intervals, spacing = 8, 0.5
+        table = draw(intervals, 4, paths * channels).to({device!r})
+        inverse = torch.tensor(1 / spacing, dtype=dtype, device={device!r})
+        lengths = torch.rand(edges // 2, generator=generator, dtype=torch.float64)
+        lengths = (lengths * intervals * spacing * 1.1).to({device!r}, dtype)
+        inputs = (lengths, table, inverse, t)
+        want = [table_conv(x, y, *inputs, paths_of, index, skip, key)]
+        want += table_conv_backward(g, x, y, *inputs, paths_of, index, skip, key)
+        got = [conv_triton.forward_from_table(key, x, y, *inputs, index[0], receiver_runs, skip)]
+        *grads, per_edge = conv_triton.backward_from_table(
+            key, g, x, y, *inputs, index, receiver_runs, conv_triton.runs(index[0], atoms), skip
+        )
+        got += [*grads, per_edge.view(2, -1).sum(0)]
+        report[f"{{name}} {{dtype}} table"] = [
+            float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)
+        ]
 print(json.dumps(report))
 """
 
@@ -159,7 +199,7 @@ def compare(env: dict[str, str], device: str, directory: Path) -> dict[str, list
 
 
 def assert_kernels_agree(report: dict[str, list[float]]) -> None:
-    assert len(report) == 8
+    assert len(report) == 12  # 2 couplings x 2 dtypes x (2 kinds of rows + the table)
     for case, errors in report.items():
         rounding = 1e-5 if "float32" in case else 1e-13  # summation order
         assert len(errors) == 4 and all(error <= rounding for error in errors), (case, errors)

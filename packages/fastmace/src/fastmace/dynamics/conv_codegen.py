@@ -117,14 +117,18 @@ class _Writer:
             ]
         return lines
 
-    def edge(self) -> list[str]:
-        """The loop over the atom's incoming edges and, per edge, its inputs and the m_ik."""
+    def used_paths(self) -> list[int]:
+        return sorted({self.path_of[k] for k in self.outputs})
+
+    def edge(self, table: bool, slopes: bool = False) -> list[str]:
+        """The loop over the atom's incoming edges and, per edge, its inputs and the m_ik.
+        ``table``: the weights (and with ``slopes`` their h dw/dr) interpolated from the
+        radial table at the edge's length, as radial_table._evaluate does."""
         indent = " " * 12
         lines = [
             "    for pos in range(tl.load(starts + atom), tl.load(starts + atom + 1)):",
             "        edge = tl.load(order + pos).to(tl.int64)",
             "        source = tl.load(sender + edge).to(tl.int64)",
-            f"        row = (edge % weight_rows) * {self.paths}",
             *[
                 f"        y{j} = tl.load(harmonics + edge * {self.d2} + {j})"
                 for j in self.harmonics
@@ -134,11 +138,37 @@ class _Writer:
                 "mask=ok, other=0.0)"
                 for i in self.inputs
             ],
-            *[
-                f"        w{p} = tl.load(weights + (row + {p}) * channels + c, mask=ok, other=0.0)"
-                for p in sorted({self.path_of[k] for k in self.outputs})
-            ],
         ]
+        if not table:
+            lines.append(f"        row = (edge % weight_rows) * {self.paths}")
+            lines += [
+                f"        w{p} = tl.load(weights + (row + {p}) * channels + c, mask=ok, other=0.0)"
+                for p in self.used_paths()
+            ]
+        else:
+            width = f"{self.paths} * channels"
+            lines += [
+                "        x = tl.load(lengths + edge % weight_rows) * inverse_spacing",
+                "        inside = x < intervals",
+                "        k = tl.minimum(tl.maximum(tl.floor(x), 0.0), last)",
+                "        t = tl.minimum(tl.maximum(x - k, 0.0), 1.0)",
+                f"        cubic = table + k.to(tl.int64) * 4 * {width} + c",
+            ]
+            for p in self.used_paths():
+                lines += [
+                    f"        a{q}_{p} = tl.load(cubic + {q} * {width} + {p} * channels, mask=ok, "
+                    "other=0.0)"
+                    for q in range(4)
+                ]
+                lines.append(
+                    f"        w{p} = tl.where(inside, a0_{p} + t * (a1_{p} + t * (a2_{p} + t * "
+                    f"a3_{p})), 0.0)"
+                )
+                if slopes:
+                    lines.append(
+                        f"        s{p} = tl.where(inside, a1_{p} + t * (2.0 * a2_{p} + 3.0 * t * "
+                        f"a3_{p}), 0.0)"
+                    )
         for i, k in self.pairs:
             parts = [f"{self.coefficient(e)} * y{e.j}" for e in self.by_pair[i, k]]
             lines.append(f"        m{i}_{k} = {kernel_sources.joined_sum(parts, indent)}")
@@ -149,58 +179,107 @@ class _Writer:
         return kernel_sources.joined_sum(parts, " " * 12)
 
 
+# What each kernel reads besides the coupling's inputs: the weights, or the radial table.
+_WEIGHTS = "weights"
+_TABLE = "lengths, table, inverse_spacing"
+_TABLE_PROLOGUE = [
+    "    inverse_spacing = tl.load(inverse_spacing)",
+    "    last = (intervals - 1).to(inverse_spacing.dtype)",
+]
+
+
 def kernel_source(coefficients: torch.Tensor, path_of: torch.Tensor, literal: bool = False) -> str:
-    """The Triton source of ``_forward`` and ``_backward`` for this coupling."""
+    """The Triton source of the kernels for this coupling: ``_forward`` and ``_backward``
+    read the radial weights (rows, P, C); ``_forward_table`` and ``_backward_table`` read
+    each edge's length instead and interpolate the weights from the block's radial table
+    (N, 4, P*C), so that the per-edge weights and their gradient never reach memory."""
     write = _Writer(coefficients, path_of, literal)
-    d1, d2, d3, paths = write.d1, write.d2, write.d3, write.paths
-    zeros = "tl.zeros([CHANNELS], dtype={}.dtype.element_ty)"
     head = ["import triton", "import triton.language as tl", "", ""]
-    common = "sender, order, starts"
-    forward = [
+    parts = [
+        *_forward(write, table=False), "", "",
+        *_backward(write, table=False), "", "",
+        *_forward(write, table=True), "", "",
+        *_backward(write, table=True), "",
+    ]  # fmt: skip
+    return "\n".join([*head, *parts])
+
+
+_ZEROS = "tl.zeros([CHANNELS], dtype={}.dtype.element_ty)"
+
+
+def _forward(write: _Writer, table: bool) -> list[str]:
+    d3 = write.d3
+    name, reads = ("_forward_table", _TABLE) if table else ("_forward", _WEIGHTS)
+    extra = ", intervals" if table else ""
+    return [
         "@triton.jit",
-        f"def _forward(features, harmonics, weights, coefficients, {common}, out, channels,",
-        "             weight_rows, CHANNELS: tl.constexpr):",
+        f"def {name}(features, harmonics, {reads}, coefficients, sender, order, starts, out,",
+        f"        channels, weight_rows{extra}, CHANNELS: tl.constexpr):",
         *write.prologue(),
-        *[f"    o{k} = {zeros.format('out')}" for k in write.outputs],
-        *write.edge(),
+        *(_TABLE_PROLOGUE if table else []),
+        *[f"    o{k} = {_ZEROS.format('out')}" for k in write.outputs],
+        *write.edge(table),
         *[f"        o{k} += w{write.path_of[k]} * {write.u(k)}" for k in write.outputs],
         *[
             f"    tl.store(out + (atom * {d3} + {k}) * channels + c, "
-            f"{f'o{k}' if k in write.outputs else zeros.format('out')}, mask=ok)"
+            f"{f'o{k}' if k in write.outputs else _ZEROS.format('out')}, mask=ok)"
             for k in range(d3)
         ],
     ]
-    backward = [
+
+
+def _backward(write: _Writer, table: bool) -> list[str]:
+    """Receiver order, per edge: dL/dw (or, from the table, dL/dr), the sender's share and
+    dL/dY (partial sums over the program's channels)."""
+    d1, d2, d3, paths = write.d1, write.d2, write.d3, write.paths
+    name, reads = ("_backward_table", _TABLE) if table else ("_backward", _WEIGHTS)
+    gradient = "grad_lengths" if table else "grad_weights"
+    extra = ", intervals" if table else ""
+    indent = " " * 12
+    lines = [
         "@triton.jit",
-        f"def _backward(grad, features, harmonics, weights, coefficients, {common},",
-        "              grad_weights, grad_harmonics, shares, channels, weight_rows,",
-        "              CHANNELS: tl.constexpr):",
+        f"def {name}(grad, features, harmonics, {reads}, coefficients, sender, order, starts,",
+        f"        {gradient}, grad_harmonics, shares, channels, weight_rows{extra},",
+        "        CHANNELS: tl.constexpr):",
         *write.prologue(),
+        *(_TABLE_PROLOGUE if table else []),
         "    tile = tl.program_id(1)",
         "    tiles = tl.num_programs(1)",
         *[
             f"    g{k} = tl.load(grad + (atom * {d3} + {k}) * channels + c, mask=ok, other=0.0)"
             for k in write.outputs
         ],
-        *write.edge(),
+        *write.edge(table, slopes=True),
         *[f"        u{k} = {write.u(k)}" for k in write.outputs],
     ]
-    indent = " " * 12
-    for p in range(paths):  # dL/dw: each path's components of g * u
-        parts = [f"g{k} * u{k}" for k in write.outputs if write.path_of[k] == p]
-        value = kernel_sources.joined_sum(parts, indent) or zeros.format("grad")
-        backward.append(
-            f"        tl.store(grad_weights + (edge * {paths} + {p}) * channels + c, {value}, "
-            "mask=ok)"
+    # dL/dw: each path's components of g * u. From a table they only meet its slopes:
+    # dL/dr = sum_{p,c} dL/dw[p, c] s[p, c] / h, one number per edge and channel tile.
+    slope_terms = []
+    for p in range(paths):
+        terms = [f"g{k} * u{k}" for k in write.outputs if write.path_of[k] == p]
+        value = kernel_sources.joined_sum(terms, indent)
+        if table:
+            if value:
+                slope_terms.append(f"({value}) * s{p}")
+            continue
+        lines.append(
+            f"        tl.store(grad_weights + (edge * {paths} + {p}) * channels + c, "
+            f"{value or _ZEROS.format('grad')}, mask=ok)"
         )
-    backward += [f"        gw{k} = g{k} * w{write.path_of[k]}" for k in write.outputs]
+    if table:
+        total = kernel_sources.joined_sum(slope_terms, indent) or "0.0 * x"
+        lines.append(
+            f"        tl.store(grad_lengths + edge * tiles + tile, "
+            f"tl.sum({total}, axis=0) * inverse_spacing)"
+        )
+    lines += [f"        gw{k} = g{k} * w{write.path_of[k]}" for k in write.outputs]
     for i in range(d1):  # the sender's share: h_i = sum_k m_ik g_k w_k
-        parts = [f"m{i}_{k} * gw{k}" for k in write.outputs if (i, k) in write.by_pair]
-        value = kernel_sources.joined_sum(parts, indent) or zeros.format("grad")
-        backward.append(
+        terms = [f"m{i}_{k} * gw{k}" for k in write.outputs if (i, k) in write.by_pair]
+        value = kernel_sources.joined_sum(terms, indent) or _ZEROS.format("grad")
+        lines.append(
             f"        tl.store(shares + (edge * {d1} + {i}) * channels + c, {value}, mask=ok)"
         )
-    backward += [f"        p{i}_{k} = x{i} * gw{k}" for i, k in write.pairs]
+    lines += [f"        p{i}_{k} = x{i} * gw{k}" for i, k in write.pairs]
     by_harmonic: dict[int, list[str]] = defaultdict(list)
     for entry in write.entries:  # dL/dY_j = sum_{i,k} T[i, j, k] sum_c x_i g_k w_k
         by_harmonic[entry.j].append(f"{write.coefficient(entry)} * p{entry.i}_{entry.k}")
@@ -210,7 +289,7 @@ def kernel_source(coefficients: torch.Tensor, path_of: torch.Tensor, literal: bo
             if by_harmonic[j]
             else "0.0"
         )
-        backward.append(
+        lines.append(
             f"        tl.store(grad_harmonics + (edge * tiles + tile) * {d2} + {j}, {value})"
         )
-    return "\n".join([*head, *forward, "", "", *backward, ""])
+    return lines

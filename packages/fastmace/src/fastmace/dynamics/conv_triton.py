@@ -121,6 +121,44 @@ def forward(
 ) -> torch.Tensor:
     """(N, D1, C) features -> (N, D3, C) messages summed over each atom's incoming edges,
     with the kernels of the coupling registered under ``key`` (``coefficients`` is its T)."""
+    return _forward("_forward", (weights,), weights.shape[0], (), key, features, harmonics,
+                    coefficients, sender, receiver_runs, skip, threads)  # fmt: skip
+
+
+def forward_from_table(
+    key: str,
+    features: torch.Tensor,
+    harmonics: torch.Tensor,
+    lengths: torch.Tensor,
+    table: torch.Tensor,
+    inverse_spacing: torch.Tensor,
+    coefficients: torch.Tensor,
+    sender: torch.Tensor,
+    receiver_runs: tuple[torch.Tensor, torch.Tensor],
+    skip: int,
+    threads: int = THREADS,
+) -> torch.Tensor:
+    """:func:`forward` with each edge's weights interpolated from a radial table (N, 4, P*C;
+    radial_table.py) at ``lengths`` (rows,), edge e reading row e mod rows."""
+    return _forward("_forward_table", (lengths, table, inverse_spacing), lengths.shape[0],
+                    (table.shape[0],), key, features, harmonics, coefficients, sender,
+                    receiver_runs, skip, threads)  # fmt: skip
+
+
+def _forward(
+    kernel: str,
+    reads: tuple[torch.Tensor, ...],
+    rows: int,
+    extra: tuple[int, ...],
+    key: str,
+    features: torch.Tensor,
+    harmonics: torch.Tensor,
+    coefficients: torch.Tensor,
+    sender: torch.Tensor,
+    receiver_runs: tuple[torch.Tensor, torch.Tensor],
+    skip: int,
+    threads: int,
+) -> torch.Tensor:
     atoms, _, channels = features.shape
     out = torch.empty((atoms, coefficients.shape[2], channels), dtype=features.dtype,
                       device=features.device)  # fmt: skip
@@ -129,9 +167,9 @@ def forward(
     if atoms - skip > 0:
         module, tiles, tile = _launch(key, features, threads)
         order, starts = receiver_runs
-        module._forward[(atoms - skip, tiles)](
-            features, harmonics, weights, coefficients, sender, order, starts, out, channels,
-            weights.shape[0], **tile,
+        getattr(module, kernel)[(atoms - skip, tiles)](
+            features, harmonics, *reads, coefficients, sender, order, starts, out, channels,
+            rows, *extra, **tile,
         )  # fmt: skip
     return out
 
@@ -150,12 +188,65 @@ def backward(
     threads: int = THREADS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dL/d(features) (N, D1, C), dL/d(harmonics) (E, D2), dL/dw per edge (E, P, C)."""
+    edges, paths, channels = harmonics.shape[0], weights.shape[1], features.shape[2]
+    grad_weights = torch.empty((edges, paths, channels), dtype=grad.dtype, device=grad.device)
+    grad_features, grad_harmonics = _backward(
+        "_backward", (weights,), weights.shape[0], (), grad_weights, key, grad, features,
+        harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip, threads,
+    )  # fmt: skip
+    return grad_features, grad_harmonics, grad_weights
+
+
+def backward_from_table(
+    key: str,
+    grad: torch.Tensor,
+    features: torch.Tensor,
+    harmonics: torch.Tensor,
+    lengths: torch.Tensor,
+    table: torch.Tensor,
+    inverse_spacing: torch.Tensor,
+    coefficients: torch.Tensor,
+    edge_index: torch.Tensor,
+    receiver_runs: tuple[torch.Tensor, torch.Tensor],
+    sender_runs: tuple[torch.Tensor, torch.Tensor],
+    skip: int,
+    threads: int = THREADS,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dL/d(features) (N, D1, C), dL/d(harmonics) (E, D2), dL/d(length) per edge (E,): the
+    weights' gradient meets the table's slope inside the kernel and is never written."""
+    edges = harmonics.shape[0]
+    _, tiles, _ = _launch(key, features, threads)
+    partial = torch.empty((edges, tiles), dtype=grad.dtype, device=grad.device)
+    grad_features, grad_harmonics = _backward(
+        "_backward_table", (lengths, table, inverse_spacing), lengths.shape[0],
+        (table.shape[0],), partial, key, grad, features, harmonics, coefficients, edge_index,
+        receiver_runs, sender_runs, skip, threads,
+    )  # fmt: skip
+    return grad_features, grad_harmonics, partial.sum(dim=1)
+
+
+def _backward(
+    kernel: str,
+    reads: tuple[torch.Tensor, ...],
+    rows: int,
+    extra: tuple[int, ...],
+    per_edge: torch.Tensor,
+    key: str,
+    grad: torch.Tensor,
+    features: torch.Tensor,
+    harmonics: torch.Tensor,
+    coefficients: torch.Tensor,
+    edge_index: torch.Tensor,
+    receiver_runs: tuple[torch.Tensor, torch.Tensor],
+    sender_runs: tuple[torch.Tensor, torch.Tensor],
+    skip: int,
+    threads: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels of either backward; ``per_edge`` (E, ...) receives the radial gradient."""
     atoms, d1, channels = features.shape
     edges, d2 = harmonics.shape
-    paths = weights.shape[1]
     device, dtype = features.device, features.dtype
     module, tiles, tile = _launch(key, features, threads)
-    grad_weights = torch.empty((edges, paths, channels), dtype=dtype, device=device)
     partial_harmonics = torch.empty((edges, tiles, d2), dtype=dtype, device=device)
     shares = torch.empty((edges, d1, channels), dtype=dtype, device=device)
     grad_features = torch.empty_like(features)
@@ -163,10 +254,10 @@ def backward(
         grad_features[atoms - skip :].zero_()
     sender, receiver = edge_index[0], edge_index[1]
     if atoms - skip > 0:
-        module._backward[(atoms - skip, tiles)](
-            grad, features, harmonics, weights, coefficients, sender, receiver_runs[0],
-            receiver_runs[1], grad_weights, partial_harmonics, shares, channels,
-            weights.shape[0], **tile,
+        getattr(module, kernel)[(atoms - skip, tiles)](
+            grad, features, harmonics, *reads, coefficients, sender, receiver_runs[0],
+            receiver_runs[1], per_edge, partial_harmonics, shares, channels, rows, *extra,
+            **tile,
         )  # fmt: skip
         _sum_by_sender[(atoms - skip, tiles)](
             shares, receiver, atoms - skip, sender_runs[0], sender_runs[1], grad_features,
@@ -174,7 +265,7 @@ def backward(
         )  # fmt: skip
     if skip and edges:
         _zero_skipped_edges[(triton.cdiv(edges, EDGES),)](
-            receiver, atoms - skip, grad_weights, partial_harmonics, edges, paths * channels,
-            tiles * d2, EDGES=EDGES, COLUMNS=64,
+            receiver, atoms - skip, per_edge, partial_harmonics, edges,
+            per_edge[0].numel(), tiles * d2, EDGES=EDGES, COLUMNS=64,
         )  # fmt: skip
-    return grad_features, partial_harmonics.sum(dim=1), grad_weights
+    return grad_features, partial_harmonics.sum(dim=1)

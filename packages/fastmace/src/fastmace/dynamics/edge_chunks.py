@@ -346,6 +346,8 @@ def widest_row(model: torch.nn.Module) -> int:
 
 def _radial_width(radial: torch.nn.Module) -> int:
     """The number of weights a radial function gives per edge (MLP or table)."""
+    if (stated := getattr(radial, "weights_per_row", None)) is not None:  # table_conv's lengths
+        return int(stated)
     coefficients = getattr(radial, "coefficients", None)
     if isinstance(coefficients, torch.Tensor):  # a RadialTable: (intervals, 4, W)
         return int(coefficients.shape[-1])

@@ -78,6 +78,7 @@ from fastmace.dynamics.radial_table import (
 )
 from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
 from fastmace.dynamics.state import PotentialOutput, State
+from fastmace.dynamics.table_conv import table_convolution_model
 from fastmace.models.backends import rounding_tolerances
 from fastmace.models.checkpoint import contained, default_dtype, model_device, model_dtype
 from fastmace.models.reference import check_structure
@@ -441,6 +442,8 @@ class Potential(torch.nn.Module):
             # The last padding node has edges to itself only: no messages needed (the
             # others' messages are computed and reach only padding nodes).
             self.model = fused_convolution_model(self.model, skip=1)
+            if self.table_report is not None:  # the tables read inside the convolution
+                self.model = table_convolution_model(self.model)
             self.fused_convolution_used = True
         except ConvolutionError as error:
             if not fallback:
