@@ -9,6 +9,9 @@ cuEquivariance, the mirrored edges and per-pair radial weights the engine gives 
   and FastMACE's (dynamics/fused_conv.py);
 * each one's largest error against the same formulas in float64, relative to the largest
   value, for the messages and for the gradients of features, harmonics and weights;
+* the block's radial table and convolution together, from the pairs' lengths: the table then
+  cuEquivariance's convolution, against FastMACE's convolution reading the table itself
+  (dynamics/table_conv.py), with the difference of their messages;
 * then the whole potential (energy and forces; radial tables as the default path has them)
   with either convolution, captured in a CUDA graph and replayed (ms per evaluation), and the
   forces' difference.
@@ -45,6 +48,7 @@ from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.pair_radials import PairIndexedConvolution
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
+from fastmace.dynamics.table_conv import TabulatedConvolution
 from fastmace.models.load import load
 
 DEVICE = "cuda"
@@ -115,6 +119,17 @@ class _BothHalves(torch.nn.Module):
     def forward(self, features, harmonics, weights, edge_index):
         return _module_messages(self.block, features, harmonics, torch.cat([weights, weights]),
                                 edge_index)  # fmt: skip
+
+
+class _TableThenConvolution(torch.nn.Module):
+    """A block's radial table at the lengths, then a convolution that takes weights."""
+
+    def __init__(self, table: torch.nn.Module, convolution: torch.nn.Module) -> None:
+        super().__init__()
+        self.table, self.convolution = table, convolution
+
+    def forward(self, features, harmonics, lengths, edge_index):
+        return self.convolution(features, harmonics, self.table(lengths), edge_index)
 
 
 def backend_convolution(potential: Potential, index: int) -> torch.nn.Module:
@@ -198,7 +213,32 @@ def convolution_cases(model_name: str, atoms: int, loaded: Any) -> list[dict[str
                     ("messages", "features_grad", "harmonics_grad", "weights_grad"), errors,
                     strict=True)),
             })  # fmt: skip
+        cases += table_cases(model_name, atoms, potential, index, inputs, theirs, ours, generator)
     return cases + potential_cases(model_name, atoms, loaded, state, edges)
+
+
+def table_cases(model_name: str, atoms: int, potential: Potential, index: int, inputs: dict,
+                theirs: torch.nn.Module, ours: FusedConvolution,
+                generator: torch.Generator) -> list[dict[str, Any]]:  # fmt: skip
+    """The table and the convolution of block ``index`` from each pair's length (uniform on
+    [0, r_max]: the timing does not depend on where), both ways."""
+    table = potential.model.interactions[index].conv_tp_weights  # built with radial_table=True
+    rows = inputs["weights"].shape[0]
+    lengths = torch.rand((rows, 1), generator=generator, device=DEVICE) * potential.r_max
+    table_inputs = {**inputs, "weights": lengths}
+    timings = {
+        "cueq-table": time_convolution(_TableThenConvolution(table, theirs), table_inputs),
+        "fastmace-table": time_convolution(TabulatedConvolution(ours, table), table_inputs),
+    }
+    difference = relative(timings["fastmace-table"]["found"][0][:-1],
+                          timings["cueq-table"]["found"][0][:-1].double())  # fmt: skip
+    return [{
+        "model": model_name, "atoms": atoms, "path": "convolution",
+        "variant": f"{path}-block{index}", "status": "ok", "ms_per_step": timing["ms"],
+        "forward_ms": timing["forward_ms"], "wall_ms": timing["wall_ms"],
+        "forward_wall_ms": timing["forward_wall_ms"],
+        "errors_vs_float64": None, "messages_vs_cueq_table": difference,
+    } for path, timing in timings.items()]  # fmt: skip
 
 
 def potential_cases(model_name: str, atoms: int, loaded: Any, state: State,
@@ -249,7 +289,7 @@ def kernel_benchmark(doc: str, cases_of: Any, path: str, json_name: str) -> None
                       f"{case['status']:<6} {case.get('ms_per_step') or 0:9.3f} ms "
                       f"fwd {case.get('forward_ms') or 0:8.3f} "
                       f"wall {case.get('wall_ms') or 0:8.3f} "
-                      f"{json.dumps(case.get('errors_vs_float64') or case.get('forces_vs_cueq'))}",
+                      f"{json.dumps(_accuracy(case))}",
                       flush=True)  # fmt: skip
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
@@ -257,6 +297,14 @@ def kernel_benchmark(doc: str, cases_of: Any, path: str, json_name: str) -> None
     record = {"device": device, "torch": torch.__version__,
               "seconds": time.perf_counter() - started, "cases": cases}  # fmt: skip
     (args.out / json_name).write_text(json.dumps(record, indent=1))
+
+
+def _accuracy(case: dict[str, Any]) -> Any:
+    """What a case records of its numbers' accuracy, whichever kind of case it is."""
+    for name in ("errors_vs_float64", "forces_vs_cueq", "messages_vs_cueq_table"):
+        if case.get(name) is not None:
+            return case[name]
+    return None
 
 
 def main() -> None:
