@@ -175,6 +175,22 @@ def test_stale_lock_is_listed_with_its_removal_command(doctor_env, tmp_path):
     assert lock.exists()
 
 
+def test_a_stale_inductor_header_lock_is_listed_with_its_removal_command(doctor_env, tmp_path):
+    """The lock a killed compilation leaves in Inductor's /tmp directory (a CI run of bee0311
+    waited ten minutes on one, twice): listed, with the command, and left in place."""
+    doctor_env["TMPDIR"], doctor_env["LOGNAME"] = str(tmp_path), "someone"
+    locks = tmp_path / "torchinductor_someone" / "precompiled_headers" / "locks"
+    locks.mkdir(parents=True)
+    lock = locks / "cn4is32y.lock"
+    lock.write_text("")
+    old = time.time() - 7200
+    os.utime(lock, (old, old))
+    (locks / "fresh.lock").write_text("")
+    line = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["Inductor locks"]
+    assert line.startswith("[warn]") and "1 stale lock(s)" in line and f"rm -f {lock}" in line
+    assert "fresh.lock" not in line and lock.exists()
+
+
 def test_model_files(tmp_path):
     models = tmp_path / "models"
     models.mkdir()

@@ -330,6 +330,21 @@ def check_file_locks(ctx: DoctorContext) -> str:
     )
 
 
+def check_inductor_locks(ctx: DoctorContext) -> str:
+    """Leftover locks in Inductor's own precompiled-header directory (outside the cache root,
+    shared by every torch of the user): with soft locks each stalls a compilation there."""
+    locks = Path(environment.inductor_default_cache_dir()) / "precompiled_headers" / "locks"
+    stale = find_stale_locks([locks])
+    if stale:
+        raise CheckFailed(
+            f"{len(stale)} stale lock(s) in Inductor's precompiled-header directory, older "
+            "than an hour and held by no process: with soft locks a torch.compile that "
+            "precompiles headers (FastMACE's do not) waits ten minutes on one and fails "
+            f"(docs/faq.md); remove them with: {removal_command(stale)}"
+        )
+    return f"no stale lock in {locks}"
+
+
 def check_model_files(ctx: DoctorContext) -> str:
     statuses = scan_model_files(ctx.environ, hash_files=ctx.hash_models)
     bad = [status for status in statuses if status.state == "mismatch"]
@@ -444,6 +459,7 @@ CHECKS = (
     DoctorCheck("environment", True, check_environment_variables),
     DoctorCheck("cache root", True, check_cache_root_location),
     DoctorCheck("file locks", True, check_file_locks),
+    DoctorCheck("Inductor locks", False, check_inductor_locks),
     DoctorCheck("start-up cache", False, check_startup_cache),
     DoctorCheck("model files", False, check_model_files),
 )
