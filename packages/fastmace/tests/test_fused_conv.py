@@ -124,6 +124,56 @@ def test_with_radial_tables_the_convolution_reads_them_itself():
                                        atol=1e-12)  # fmt: skip
 
 
+POTENTIAL_IN_THE_INTERPRETER = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+from helpers.potential_checks import assert_matches_reference, model_of
+from helpers.structures import ase_edges, cluster, copper_supercell
+from conftest import model_edges
+from fastmace.dynamics import kernel_sources
+from fastmace.dynamics.potential import Potential
+from fastmace.dynamics.state import State
+from fastmace.models import backends
+from fastmace.models.load import load
+
+# Small structures, each kind of edges once: the interpreter runs each edge of each program
+# in Python (130 edges took 10 s). Plain edges against mace-torch on the tiny template,
+# mirrored ones on the demo model; the tables on the demo model's mirrored edges.
+demo = load("demo-emt-cu", dtype="float64").module
+tiny = model_of("tiny", torch.float64)
+for name, reference, species, structures, mirrored in (
+    ("tiny", tiny, [29, 8, 6, 1], [cluster()], False),
+    ("demo", demo, [29], [copper_supercell((2, 1, 1))[:2]], True),
+):
+    model = backends.convert(reference, "cueq", "cpu")
+    state = State.from_atoms(structures)
+    potential = Potential(model, species, fused_convolution=True)
+    assert potential.fused_convolution_used, name
+    edges = (model_edges(state, potential.r_max) if mirrored
+             else ase_edges(state, potential.r_max, 1.5))
+    output = potential(state, edges, compute_stress=True)
+    assert_matches_reference(reference, structures, output, state)
+tables = Potential(model, species, radial_table=True)
+both = Potential(model, species, radial_table=True, fused_convolution=True)
+want, got = tables(state, edges, compute_stress=True), both(state, edges, compute_stress=True)
+for field in ("energy", "forces", "stress"):
+    torch.testing.assert_close(getattr(got, field), getattr(want, field), rtol=1e-10, atol=1e-12)
+print(json.dumps(kernel_sources.loaded()))
+"""
+
+
+def test_a_potential_with_the_kernels_in_the_interpreter_gives_mace_torchs_results(clean_env):
+    """The whole potential with the convolution's kernels (Triton's interpreter on the CPU),
+    on plain and mirrored edges, forces and stress included: mace-torch's float64 numbers;
+    reading radial tables, the tables' with the convolution apart."""
+    tests = str(Path(__file__).parent)
+    code = POTENTIAL_IN_THE_INTERPRETER.format(tests=tests)
+    loaded = python_report(code, {**clean_env, "TRITON_INTERPRET": "1"})
+    # Kernels are generated when they first run, for each block's coupling: the tiny
+    # template's two and the demo's (its first block's coupling is the tiny template's).
+    assert loaded and all(name.startswith("conv_") and name.endswith("_loaded") for name in loaded)
+
+
 # The child reads the couplings this process read from the same templates (compare): it need
 # not convert MP-0 medium to cuEquivariance again, 40 s of the test's 80 on CI's CPU.
 COMPARE = """

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fastmace.dynamics import kernel_sources
 from fastmace.dynamics.module_copy import shallow_copy
 
 
@@ -135,7 +136,7 @@ def fused_conv(
 ) -> torch.Tensor:
     """(N, D1, C), (E, D2), (rows, P, C) -> (N, D3, C); differentiable in the first three.
     ``key``: the coupling's, from conv_codegen.register (the kernels are generated for it)."""
-    if features.is_cuda:
+    if kernel_sources.kernels_run(features):
         from fastmace.dynamics import conv_triton
 
         runs = conv_triton.runs(edge_index[1], features.shape[0])
@@ -164,7 +165,7 @@ def fused_conv_backward(
     key: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of :func:`fused_conv` (not differentiable again: forces need one order)."""
-    if features.is_cuda:
+    if kernel_sources.kernels_run(features):
         from fastmace.dynamics import conv_triton
 
         atoms = features.shape[0]

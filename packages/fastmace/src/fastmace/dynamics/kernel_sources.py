@@ -10,10 +10,13 @@ compiled kernels by their source.
 from __future__ import annotations
 
 import importlib.util
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+
+import torch
 
 _DIRECTORY: Path | None = None  # this process's generated sources
 _LOADED: dict[str, ModuleType] = {}
@@ -43,6 +46,13 @@ def load(name: str, source: Callable[[], str]) -> ModuleType:
 def forget(name: str) -> None:
     """Drop the module loaded under ``name`` (tests that replace its kernels put it back so)."""
     _LOADED.pop(name, None)
+
+
+def kernels_run(tensor: torch.Tensor) -> bool:
+    """Whether generated kernels run for ``tensor``: on CUDA, and on the CPU under Triton's
+    interpreter (which Triton itself switches on from the environment: the tests run whole
+    potentials that way); elsewhere the torch formulas do."""
+    return tensor.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def float32_literal(value: float) -> str:

@@ -24,11 +24,11 @@ as they are. docs/design/product-basis.md says how it works and where it stands.
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass
 
 import torch
 
+from fastmace.dynamics import kernel_sources
 from fastmace.dynamics.module_copy import shallow_copy
 
 
@@ -152,13 +152,6 @@ def derivative_entries(monomials: torch.Tensor, inputs: int) -> tuple[torch.Tens
 # ----------------------------------------------------------------------------- the operator
 
 
-def _kernels_run(x: torch.Tensor) -> bool:
-    """The generated kernels run on CUDA, and on the CPU under Triton's interpreter (which
-    Triton itself switches on from the environment: tests/test_product_basis.py runs a whole
-    potential that way); elsewhere the torch formulas do."""
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-
-
 @torch.library.custom_op("fastmace::product_basis_terms", mutates_args=())
 def product_basis_terms(
     x: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor, coefficients: torch.Tensor,
@@ -169,7 +162,7 @@ def product_basis_terms(
     ``weights`` (E, P, C) are the kept elements', ``coefficients`` (T,) the basis's terms'."""
     from fastmace.dynamics import product_codegen
 
-    if _kernels_run(x):
+    if kernel_sources.kernels_run(x):
         return product_codegen.forward(key, x, rows, weights, coefficients)
     monomials, basis, _ = product_codegen.basis_of(key)
     table = torch.einsum("mpi,epc->eimc", basis.to(weights), weights)
@@ -192,7 +185,7 @@ def product_basis_terms_backward(
     """dL/dx of :func:`product_basis_terms` (not differentiable again)."""
     from fastmace.dynamics import product_codegen
 
-    if _kernels_run(x):
+    if kernel_sources.kernels_run(x):
         return product_codegen.backward(key, grad, x, rows, weights, coefficients)
     monomials, basis, inputs = product_codegen.basis_of(key)
     table = torch.einsum("mpi,epc->eimc", basis.to(weights), weights)

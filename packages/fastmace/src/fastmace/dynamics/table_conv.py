@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from fastmace.dynamics import kernel_sources
 from fastmace.dynamics.fused_conv import (
     ConvolutionError,
     FusedConvolution,
@@ -54,7 +55,7 @@ def table_conv(
     key: str,
 ) -> torch.Tensor:
     """(N, D1, C), (E, D2), (rows,) -> (N, D3, C); differentiable in the first three."""
-    if features.is_cuda:
+    if kernel_sources.kernels_run(features):
         from fastmace.dynamics import conv_triton
 
         runs = conv_triton.runs(edge_index[1], features.shape[0])
@@ -90,7 +91,7 @@ def table_conv_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of :func:`table_conv` (not differentiable again: forces need one order)."""
     rows = lengths.shape[0]
-    if features.is_cuda:
+    if kernel_sources.kernels_run(features):
         from fastmace.dynamics import conv_triton
 
         atoms = features.shape[0]
