@@ -31,8 +31,8 @@ from fastmace.runtime.startup import apply_at_import
 
 ORDER = [
     "GPU and driver", "torch", "MACE", "cuEquivariance", "OpenEquivariance", "Triton", "NVRTC",
-    "graph-longrange", "torch-dftd", "environment", "cache root", "file locks", "start-up cache",
-    "model files",
+    "graph-longrange", "torch-dftd", "environment", "cache root", "file locks", "Inductor locks",
+    "start-up cache", "model files",
 ]  # fmt: skip
 NOT_IMPORTED = ("mace", "openequivariance", "cuequivariance_ops_torch", "cuequivariance_torch")
 

@@ -302,11 +302,15 @@ def test_the_generated_kernels_hold_only_the_couplings_nonzero_entries():
     nonzero = int((coupling.coefficients != 0).sum())
     assert len(entries) == nonzero < coupling.coefficients.numel() // 20
     source = conv_codegen.kernel_source(coupling.coefficients, coupling.path_of)
-    forward, backward = source.split("def _backward")
-    for entry in entries:
-        name = f"t{entry.i}_{entry.j}_{entry.k}"
-        assert forward.count(f"{name} * ") == 1 and backward.count(f"{name} * ") == 2, name
-    assert source.count("tl.load(coefficients + ") == 2 * len(entries)  # float64: read once
+    # Four kernels: each direction reading the weights, then each reading the radial table.
+    _, *kernels = source.split("@triton.jit")
+    names = [kernel.split("(")[0].split("def ")[1] for kernel in kernels]
+    assert names == ["_forward", "_backward", "_forward_table", "_backward_table"]
+    for kernel, uses in zip(kernels, (1, 2, 1, 2), strict=True):
+        for entry in entries:
+            name = f"t{entry.i}_{entry.j}_{entry.k}"
+            assert kernel.count(f"{name} * ") == uses, name
+        assert kernel.count("tl.load(coefficients + ") == len(entries)  # float64: read once
 
 
 @pytest.mark.gpu
