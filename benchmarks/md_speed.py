@@ -126,6 +126,8 @@ LABELS: dict[tuple[str, str], str] = {
     ("fastmace", "cueq-table-compile"): "FastMACE cuEq, radial table + torch.compile",
     ("fastmace", "cueq-nograph"): "FastMACE cuEq, capture=False",
     ("fastmace", "cueq-tf32"): "FastMACE cuEq, TF32 matmuls",
+    ("fastmace", "cueq-bf16"): "FastMACE cuEq, BF16 linear layers",
+    ("fastmace", "cueq-bf16-table-compile"): "FastMACE cuEq, BF16 linear layers, table + compile",
     ("fastmace", "cueq-d3"): "FastMACE cuEq + D3(BJ) dispersion",
     ("fastmace", "hybrid-tf32"): "FastMACE hybrid, TF32 matmuls",
     ("fastmace", "e3nn"): "FastMACE e3nn",
@@ -146,6 +148,8 @@ FASTMACE_VARIANTS: dict[str, tuple[str, bool | None, bool, str]] = {
     # radial tables and K are the planner's (the placeholder's fields are not used).
     "default": ("cueq", None, False, "float32"),
     "cueq-tf32": ("cueq", None, False, "tf32"),
+    "cueq-bf16": ("cueq", None, False, "bf16"),
+    "cueq-bf16-table-compile": ("cueq", None, True, "bf16"),
     "cueq-d3": ("cueq", None, False, "float32"),
     "hybrid-tf32": ("hybrid", None, False, "tf32"),
     "hybrid-nograph": ("hybrid", False, False, "float32"),

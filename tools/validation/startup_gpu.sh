@@ -1106,6 +1106,23 @@ ase.build.bulk('NaCl', 'rocksalt', a=5.64, cubic=True).repeat((12, 12, 12)))"
   echo "convolution kernels: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log"
   ;;
+76)
+  # Issue 30's BF16 tier (matmul_precision="bf16": the linear layers as GEMMs on BF16 tensor
+  # cores with float32 sums): its tests, its forces against float64 on the GPU (as measured
+  # on the CPU in docs/validation/bf16.md), then its speed beside float32's, plain and on the
+  # fast path (tables and compile), in one md_speed run.
+  gpu_tests 76 120 "$tests/test_irreps_linear.py"
+  timeout 200 python3 tools/validation/bf16_accuracy.py --device cuda \
+    --models tiny@cueq,mp0-medium@cueq,mh-1@cueq --out "$OUT/bf16-accuracy-gpu.json" \
+    > "$OUT/bf16-accuracy.log" 2>&1
+  echo "bf16 accuracy: exit $?"; grep -E "float32|bf16" "$OUT/bf16-accuracy.log" | cut -c1-160
+  timeout 260 python3 benchmarks/md_speed.py --out "$OUT/bf16-speed" --budget-s 230 \
+    --case-timeout-s 120 --only "mp0-medium/1728/fastmace-cueq,mp0-medium/1728/fastmace-cueq-bf16,\
+mp0-medium/13824/fastmace-cueq,mp0-medium/13824/fastmace-cueq-bf16,\
+mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-bf16-table-compile" \
+    > "$OUT/bf16-speed.log" 2>&1
+  echo "bf16 speed: exit $?"; grep -E "ms/step|bf16" "$OUT/bf16-speed.log" | tail -8
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \

@@ -51,6 +51,10 @@ CASES = [
     # The own convolution likewise, checked against each block's own convolution.
     ({"config": EngineConfig(backend="cueq", fused_convolution=True)},
      ("engine", "fused_convolution"), True),
+    # The BF16 tier: on the CPU the same numbers in float32 GEMMs (a float32 model).
+    ({"config": EngineConfig(matmul_precision="bf16", dtype="float32")},
+     ("engine", "matmul_precision"), "bf16"),
+    ({"matmul_precision": "bf16", "dtype": "float32"}, ("engine", "matmul_precision"), "bf16"),
     pytest.param(
         {"graphs": False}, ("engine", "capture"), False,
         marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -109,3 +113,13 @@ def test_a_tf32_engine_setting_reaches_the_potential() -> None:
         load("demo-emt-cu"), [copper()], settings, engine=EngineSettings(matmul_precision="tf32")
     )
     assert simulation.potential.matmul_precision == "tf32"
+
+
+def test_a_bf16_run_names_the_layers_it_changed(tmp_path) -> None:
+    """metadata.json lists the layers whose GEMMs took BF16 inputs (the demo model's linear
+    layers and skip connections), and the report says so."""
+    document = run(tmp_path, matmul_precision="bf16", dtype="float32")
+    layers = document["engine"]["bf16_layers"]
+    assert "interactions.0.linear_up" in layers and "interactions.0.skip_tp" in layers
+    report = (tmp_path / "run" / "report.txt").read_text()
+    assert f"{len(layers)} linear layers in BF16" in report

@@ -644,6 +644,20 @@ IMPOSSIBLE = [
         ["fused_convolution=True", "long-range model"],
     ),
     (
+        "bf16-in-a-float64-plan",
+        {"precision": "float64"},
+        EngineConfig(matmul_precision="bf16"),
+        EVERYTHING,
+        ["matmul_precision='bf16'", "float32 short-range model", "a float64 model"],
+    ),
+    (
+        "bf16-for-a-long-range-model",
+        {"long_range": True},
+        EngineConfig(matmul_precision="bf16"),
+        EVERYTHING,
+        ["matmul_precision='bf16'", "long-range model"],
+    ),
+    (
         "tf32-in-a-float64-plan",
         {"precision": "float64"},
         EngineConfig(matmul_precision="tf32"),
@@ -780,7 +794,7 @@ def test_engine_config_defaults_leave_everything_to_the_planner() -> None:
     [
         ({"backend": "cuda"}, "backend='cuda') is not allowed: use one of e3nn, cueq, oeq, hybrid"),
         ({"dtype": "float16"}, "dtype='float16'"),
-        ({"matmul_precision": "bf16"}, "matmul_precision='bf16') is not allowed: use one of"),
+        ({"matmul_precision": "fp8"}, "matmul_precision='fp8') is not allowed: use one of"),
         ({"graphs": "yes"}, "graphs='yes'"),
         ({"compile": 1}, "compile=1"),
         ({"block_steps": 0}, "block_steps=0"),
@@ -1009,3 +1023,16 @@ def test_matmul_precision_is_float32_unless_tf32_is_forced(plan_for: PlanFor) ->
     fast = plan_for(config=EngineConfig(matmul_precision="tf32"))
     assert fast.matmul_precision == "tf32" and fast.engine_settings().matmul_precision == "tf32"
     assert "matmul       tf32" in fast.describe()
+    reduced = plan_for(config=EngineConfig(matmul_precision="bf16"))
+    assert reduced.engine_settings().matmul_precision == "bf16"
+    assert "matmul       bf16" in reduced.describe()
+    assert "CPU" not in reduced.decision("matmul_precision").reason
+
+
+def test_bf16_on_the_cpu_is_planned_and_says_how_it_runs(plan_for: PlanFor) -> None:
+    """On the CPU the BF16 tier computes the same numbers in float32 GEMMs: planned when
+    forced (to check a model's BF16 accuracy before a GPU run), with that in its reason."""
+    config = EngineConfig(matmul_precision="bf16")
+    plan = plan_for(config=config, found=NO_GPU, model_dtype="float32")
+    assert plan.matmul_precision == "bf16"
+    assert "the same numbers, slower" in plan.decision("matmul_precision").reason

@@ -362,8 +362,8 @@ def test_tf32_precision_is_set_for_the_model_call_only():
 
 
 def test_an_unknown_precision_is_refused():
-    with pytest.raises(ValueError, match="float32, tf32"):
-        Potential(model_of("tiny", torch.float32), [29], matmul_precision="bf16")
+    with pytest.raises(ValueError, match="float32, tf32, bf16"):
+        Potential(model_of("tiny", torch.float32), [29], matmul_precision="fp8")
 
 
 @pytest.mark.parametrize("backend", ["e3nn", "cueq"])

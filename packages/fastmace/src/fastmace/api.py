@@ -309,7 +309,8 @@ def md(
     after a compilation; left to the plan, on for float32 cuEq runs on CUDA whose predicted
     saving pays for it, weighed with what this model's last compilation here cost,
     docs/md.md), ``matmul_precision`` ("tf32": the model's matrix products on TF32 tensor
-    cores, faster and looser) and ``radial_table`` (each block's radial weights read from a
+    cores, faster and looser; "bf16": its linear layers' GEMMs with BF16 inputs and float32
+    sums) and ``radial_table`` (each block's radial weights read from a
     table of the distance instead of computed by its radial MLP; left to the plan, on for
     float32 runs on CUDA of models that allow it; False turns it off, docs/md.md) force a
     decision, as does

@@ -26,13 +26,24 @@ GRAPH_LONGRANGE_VERSION = "0.4.0"
 0.4.3 and 0.4.4 refuse its force_pbc_evaluator argument); `fastmace doctor` checks it."""
 DTYPES = ("float32", "float64")
 # How a float32 model's matrix products run: float32 on CUDA cores (results within float32
-# rounding), or TF32 tensor cores on CUDA (faster, looser: the gate's own tolerance below).
-MATMUL_PRECISIONS = ("float32", "tf32")
+# rounding), TF32 tensor cores on CUDA (faster, looser: the gate's own tolerance below), or the
+# linear layers' GEMMs with BF16 inputs and float32 sums (dynamics/irreps_linear.py).
+MATMUL_PRECISIONS = ("float32", "tf32", "bf16")
 DEFAULT_MATMUL_PRECISION = "float32"
 # The gate holds a TF32 run to this many TF32 epsilons (2^-10) of the float32 gate's scales:
 # about 2 % of the largest force (at least 0.02 eV/Å), 0.02 eV per atom.
 TF32_EPSILON = 2.0**-10
 TF32_GATE_EPSILONS = 20
+# A BF16 run (its linear layers' inputs rounded to 7 stored bits) to this many BF16 epsilons:
+# about 4 % of the largest force (at least 0.04 eV/Å), 0.04 eV per atom. Measured errors are
+# below 1 % of the largest force (docs/validation/bf16.md).
+BF16_EPSILON = 2.0**-7
+BF16_GATE_EPSILONS = 5
+# Each reduced precision's gate tolerance, as a fraction of the float32 gate's scales.
+REDUCED_PRECISION_TOLERANCE = {
+    "tf32": TF32_GATE_EPSILONS * TF32_EPSILON,
+    "bf16": BF16_GATE_EPSILONS * BF16_EPSILON,
+}
 
 # Ensembles, their settings and defaults: fastmace.ensemble_catalog.
 

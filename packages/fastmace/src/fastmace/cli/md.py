@@ -258,7 +258,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         choices=MATMUL_PRECISIONS,
         dest="matmul_precision",
         help="tf32: the model's matrix products on TF32 tensor cores (CUDA, float32 models; "
-        f"faster, looser: docs/md.md) (default: {DEFAULT_MATMUL_PRECISION})",
+        "faster, looser); bf16: its linear layers' GEMMs with BF16 inputs and float32 sums "
+        f"(float32 models; docs/md.md) (default: {DEFAULT_MATMUL_PRECISION})",
     )
     md.add_argument(
         "--radial-table", action=argparse.BooleanOptionalAction, default=None,

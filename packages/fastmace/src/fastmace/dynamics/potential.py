@@ -59,6 +59,7 @@ from fastmace.dynamics.edges import (
     systems_of_atoms,
 )
 from fastmace.dynamics.fused_conv import ConvolutionError, fused_convolution_model
+from fastmace.dynamics.irreps_linear import bf16_linear_model, copy_irreps_linears
 from fastmace.dynamics.module_copy import weight_sharing_copy
 from fastmace.dynamics.overflow import available_memory_bytes
 from fastmace.dynamics.pair_radials import pair_shared_model
@@ -145,6 +146,11 @@ class Potential(torch.nn.Module):
             (the radial MLPs and linear layers) run on TF32 tensor cores, faster and with
             looser numbers (docs/md.md states the tolerance the gate holds them to). Only the
             model call is affected: torch's TF32 switch is set for it and put back after.
+            "bf16": the model's equivariant linear layers and skip connections run as GEMMs
+            with BF16 inputs and float32 accumulation (dynamics/irreps_linear.py; BF16 tensor
+            cores on CUDA, the same numbers computed in float32 on the CPU); everything else,
+            the radial MLPs and the tensor products included, stays float32. Float32 models
+            only; ``bf16_layers`` lists the layers it changed.
         radial_table: read each interaction block's radial weights from a table of the
             distance instead of running its radial MLP (dynamics/radial_table.py); raises
             ``TableError`` for a model whose blocks do not allow it. ``table_report`` says
@@ -210,6 +216,12 @@ class Potential(torch.nn.Module):
                 f"{', '.join(MATMUL_PRECISIONS)}"
             )
         self.matmul_precision = matmul_precision
+        if matmul_precision == "bf16" and model_dtype(model) != torch.float32:
+            raise ValueError(
+                f"matmul_precision='bf16' runs float32 models, not {model_dtype(model)}: load "
+                "the model in float32 or leave matmul_precision at 'float32'"
+            )
+        self.bf16_layers: list[str] = []  # the layers whose GEMMs run in BF16
         self.model_species = tuple(int(z) for z in model.atomic_numbers)
         self.species = _species_tuple(species)
         self.check_species(self.species)
@@ -233,9 +245,11 @@ class Potential(torch.nn.Module):
             or fused_convolution
             or product_basis
             or isinstance(edge_chunk_rows, int)
+            or matmul_precision == "bf16"
         ):
             setting = next(name for name, value in (
                 ("compile", compile), ("radial_table", radial_table),
+                ("matmul_precision='bf16'", matmul_precision == "bf16"),
                 ("fused_convolution", fused_convolution), ("product_basis", product_basis),
                 ("edge_chunk_rows", isinstance(edge_chunk_rows, int))) if value)  # fmt: skip
             raise UnsupportedModelError(
@@ -267,6 +281,8 @@ class Potential(torch.nn.Module):
                 self._use_fused_convolution(fused_convolution_fallback)
             if product_basis:
                 self._use_product_basis(product_basis_fallback)
+            if matmul_precision == "bf16":
+                self.model, self.bf16_layers = bf16_linear_model(self.model)
             # The same weights with the radial MLPs run once per pair, for mirrored edges
             # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
             self.pair_model = pair_shared_model(self.model)
@@ -763,7 +779,7 @@ def _traceable(model: torch.nn.Module, share_pair_radials: bool) -> torch.nn.Mod
                 traceable = extract_model(model, map_location=str(model_device(model)))
             # The rebuild loads weights leniently: put FastMACE's replaced modules back, and
             # refuse a rebuild that left any other weight at its random initial value.
-            traceable = copy_species_linears(model, traceable)
+            traceable = copy_irreps_linears(model, copy_species_linears(model, traceable))
             lost = set(model.state_dict()) ^ set(traceable.state_dict())
             if lost:
                 raise ModelCompileError(

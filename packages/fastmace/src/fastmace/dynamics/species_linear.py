@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from fastmace.dynamics.module_copy import shallow_copy
+from fastmace.dynamics.reduced_matmul import matmul
 from fastmace.models.checkpoint import import_mace
 
 # mace-torch 0.3.16's interaction blocks that call ``self.skip_tp(features, node_attrs)``; the
@@ -55,6 +56,7 @@ class SpeciesLinear(torch.nn.Module):
             raise ValueError(f"{count} matrices for {len(columns)} columns")
         self.columns = tuple(int(column) for column in columns)
         self.num_attrs = int(num_attrs)
+        self.precision = "float32"  # its GEMM's (dynamics/reduced_matmul.py): "bf16" in that tier
         # (d_in, E * d_out): every element's map in one GEMM.
         stacked = matrices.detach().permute(1, 0, 2).reshape(self.in_features, -1)
         self.register_buffer("matrices", stacked.contiguous())
@@ -64,7 +66,9 @@ class SpeciesLinear(torch.nn.Module):
 
     def forward(self, node_feats: torch.Tensor, node_attrs: torch.Tensor) -> torch.Tensor:
         weights = node_attrs.index_select(-1, self.attr_columns).unsqueeze(-1)  # (N, E, 1)
-        per_element = (node_feats @ self.matrices).unflatten(-1, (len(self.columns), -1))
+        per_element = matmul(node_feats, self.matrices, self.precision).unflatten(
+            -1, (len(self.columns), -1)
+        )
         out = (weights * per_element).sum(-2)
         listed = weights.sum(-2) != 0  # (N, 1)
         return out.masked_fill(~listed, float("nan"))

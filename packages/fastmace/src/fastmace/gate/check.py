@@ -33,7 +33,7 @@ from fastmace.models.backends import rounding_tolerances
 from fastmace.models.load import LoadedModel
 from fastmace.runtime.cache import scratch_dir
 from fastmace.runtime.environment import child_environment
-from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION, TF32_EPSILON, TF32_GATE_EPSILONS
+from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION, REDUCED_PRECISION_TOLERANCE
 
 CHILD_TIMEOUT_S = 3600
 
@@ -182,8 +182,9 @@ def run_gate(
     """Compare ``model`` (as the engine runs it) with mace-torch's float64 e3nn model.
 
     Tolerances are 1000 epsilon of the model dtype's rounding (models/backends.py); with
-    ``matmul_precision="tf32"`` they are the TF32 mode's own: ``TF32_GATE_EPSILONS`` TF32
-    epsilons of the same scales (vocabulary.py; docs/md.md). With ``radial_table`` the
+    ``matmul_precision="tf32"`` or ``"bf16"`` they are that mode's own: ``TF32_GATE_EPSILONS``
+    TF32 epsilons or ``BF16_GATE_EPSILONS`` BF16 epsilons of the same scales (vocabulary.py;
+    docs/md.md). With ``radial_table`` the
     potential reads its radial weights from tables (float32 models only), held to the
     float32 tolerances: the tables' own error is below 1e-6 of the weights.
 
@@ -198,8 +199,8 @@ def run_gate(
         dtype, float(reference["energy"]), reference["forces"], len(atoms)
     )
     epsilons = 1000 * torch.finfo(dtype).eps
-    if matmul_precision == "tf32":
-        loosening = TF32_GATE_EPSILONS * TF32_EPSILON / epsilons
+    if matmul_precision in REDUCED_PRECISION_TOLERANCE:
+        loosening = REDUCED_PRECISION_TOLERANCE[matmul_precision] / epsilons
         energy_tol, force_tol, epsilons = (
             energy_tol * loosening,
             force_tol * loosening,

@@ -33,8 +33,9 @@ class EngineConfig:
     """The model's dtype: "float32" or "float64" ("auto" means None)."""
     matmul_precision: str | None = None
     """How a float32 model's matrix products run: "float32" (the default: results within
-    float32 rounding of the reference) or "tf32" (CUDA tensor cores: faster, looser; the gate
-    holds it to its own tolerance, docs/md.md)."""
+    float32 rounding of the reference), "tf32" (CUDA tensor cores: faster, looser; the gate
+    holds it to its own tolerance, docs/md.md) or "bf16" (the linear layers' GEMMs with BF16
+    inputs and float32 sums, everything else float32; its own gate tolerance too)."""
     radial_table: bool | None = None
     """Read each interaction block's radial weights from a table of the distance instead of
     running its radial MLP (float32 models whose blocks allow it: faster at large sizes,

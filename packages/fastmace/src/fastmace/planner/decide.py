@@ -113,7 +113,7 @@ def make_plan(
     backend = _backend(config, availability, device.value, workload.long_range)
     dtype = _dtype(workload, config, device.value)
     graphs = _graphs(config, device.value, workload.long_range)
-    matmul = _matmul_precision(config, device.value, dtype.value)
+    matmul = _matmul_precision(config, device.value, dtype.value, workload.long_range)
     emulation = _fp64_emulation(config, device.value, dtype.value)
     segments = _expandable_segments(config, availability, device.value)
     kernel_choice = _cueq_kernel_choice(workload, availability, device.value, backend.value)
@@ -239,18 +239,36 @@ def _dtype(workload: Workload, config: EngineConfig, device: str) -> Decision:
     )
 
 
-def _matmul_precision(config: EngineConfig, device: str, dtype: str) -> Decision:
+def _matmul_precision(
+    config: EngineConfig, device: str, dtype: str, long_range: bool = False
+) -> Decision:
     forced = config.matmul_precision
     if forced is None or forced == DEFAULT_MATMUL_PRECISION:
         reason = (
             _forced("matmul_precision", forced)
             if forced
             else "rule: matrix products in the model's dtype, within its rounding of the "
-            "float64 reference (TF32 only when forced: EngineConfig(matmul_precision='tf32'))"
+            "float64 reference (TF32 or BF16 only when forced: "
+            "EngineConfig(matmul_precision='tf32' or 'bf16'))"
         )
         return Decision(
             "matmul_precision", DEFAULT_MATMUL_PRECISION, reason, FORCED if forced else RULE
         )
+    if forced == "bf16":
+        if dtype != "float32" or long_range:
+            why = "a long-range model (MACE-POLAR-1)" if long_range else f"a {dtype} model"
+            raise PlanError(
+                "EngineConfig(matmul_precision='bf16') runs the linear layers of a float32 "
+                f"short-range model in BF16, but the plan runs {why}; leave "
+                "matmul_precision=None"
+            )
+        reason = _forced("matmul_precision", forced)
+        if device != "cuda":
+            reason += (
+                "; on the CPU the BF16 products are computed in float32 GEMMs (the same "
+                "numbers, slower): for checking the tier before a GPU run"
+            )
+        return Decision("matmul_precision", forced, reason, FORCED)
     if device != "cuda" or dtype != "float32":
         raise PlanError(
             f"EngineConfig(matmul_precision={forced!r}) needs a float32 model on a CUDA device, "

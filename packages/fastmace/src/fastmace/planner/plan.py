@@ -107,7 +107,8 @@ class EngineSettings:
     """If compilation fails, run the model uncompiled (and say so) instead of stopping: for
     compilation the planner chose, not the user."""
     matmul_precision: str = DEFAULT_MATMUL_PRECISION
-    """How the model's matrix products run: "float32" or "tf32" (tensor cores, CUDA)."""
+    """How the model's matrix products run: "float32", "tf32" (tensor cores, CUDA) or "bf16"
+    (the linear layers' GEMMs with BF16 inputs, dynamics/irreps_linear.py)."""
     radial_table: bool = False
     """Radial weights read from tables of the distance (dynamics/radial_table.py)."""
     radial_table_fallback: bool = False
