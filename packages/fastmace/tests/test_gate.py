@@ -12,6 +12,7 @@ import torch
 import fastmace as fm
 from fastmace.gate import GateError, gate_with_fallback, run_gate
 from fastmace.models.load import load
+from fastmace.vocabulary import REDUCED_PRECISION_TOLERANCE
 
 
 def copper() -> ase.Atoms:
@@ -32,6 +33,20 @@ def test_gate_passes_for_a_faithful_model_and_leaves_no_scratch(cache):
     assert result.forces_eV_per_A.max < 1e-10 and result.stress_eV_per_A3 is not None
     assert result.reference == "mace-torch e3nn float64 (child process)"
     assert not list(cache.glob("gate-*")), "the child's scratch outlived it"
+
+
+def test_a_bf16_plan_is_gated_as_it_runs_to_its_own_tolerance(cache):
+    """The gate evaluates the BF16 tier itself (its force error a hundred times float32's)
+    and holds it to BF16_GATE_EPSILONS BF16 epsilons of the float32 gate's scales."""
+    model = load("demo-emt-cu", dtype="float32")
+    plain = run_gate(model, copper())
+    reduced = run_gate(model, copper(), matmul_precision="bf16")
+    assert plain.passed and reduced.passed, reduced.summary()
+    assert reduced.forces_eV_per_A.max > 100 * plain.forces_eV_per_A.max
+    loosening = REDUCED_PRECISION_TOLERANCE["bf16"] / (1000 * torch.finfo(torch.float32).eps)
+    tolerance = reduced.forces_eV_per_A.tolerance
+    assert tolerance == pytest.approx(loosening * plain.forces_eV_per_A.tolerance)
+    assert reduced.matmul_precision == "bf16"
 
 
 def test_a_perturbed_backend_fails_the_gate_and_the_next_one_is_used(cache):

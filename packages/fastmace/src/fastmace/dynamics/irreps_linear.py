@@ -10,22 +10,18 @@ GEMMs through :func:`fastmace.dynamics.reduced_matmul.matmul`: that is where the
 (``matmul_precision="bf16"``) puts the linear layers on BF16 tensor cores with float32
 accumulation, everything else in the model staying float32.
 
-:func:`bf16_linear_model` makes a copy of a model (sharing its weights) whose linear layers
-and specialised skip connections (dynamics/species_linear.py) run in BF16.
+dynamics/bf16_tier.py puts them, with the model's other GEMMs, in BF16.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 from collections.abc import Sequence
 
 import torch
 
-from fastmace.dynamics.module_copy import shallow_copy
 from fastmace.dynamics.reduced_matmul import PRECISIONS, matmul
-from fastmace.dynamics.species_linear import SpeciesLinear
 
 LAYOUTS = ("ir_mul", "mul_ir")
 _CHECK_NODES = 16
@@ -228,48 +224,3 @@ def _matrices(
             continue
         matrices.append(torch.cat([block[:, picked_columns] for block in source], dim=0))
     return matrices
-
-
-def bf16_linear_model(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
-    """A copy of ``model`` (weights shared) whose equivariant linear layers are IrrepsLinear
-    and whose specialised skip connections run their GEMMs in BF16; the names replaced.
-
-    Every replaced layer is first read in float32 and checked against the module it replaces
-    (``read_linear``); the copy's GEMMs then round their inputs to BF16 (reduced_matmul.py).
-    """
-    replacements: dict[str, torch.nn.Module] = {}
-    for name, module in model.named_modules():
-        if is_equivariant_linear(module):
-            replacements[name] = read_linear(module, "bf16")
-        elif isinstance(module, SpeciesLinear):
-            reduced = shallow_copy(module)
-            reduced.precision = "bf16"
-            replacements[name] = reduced
-    return with_replaced(model, replacements), list(replacements)
-
-
-def with_replaced(
-    model: torch.nn.Module, replacements: dict[str, torch.nn.Module]
-) -> torch.nn.Module:
-    """A copy of ``model`` with the submodules at the given dotted names replaced; new module
-    objects only along the paths to them, everything else shared."""
-    root = shallow_copy(model)
-    for name, replacement in replacements.items():
-        *path, last = name.split(".")
-        parent = root
-        for part in path:
-            child = shallow_copy(parent._modules[part])
-            parent._modules[part] = child
-            parent = child
-        parent._modules[last] = replacement
-    return root
-
-
-def copy_irreps_linears(source: torch.nn.Module, target: torch.nn.Module) -> torch.nn.Module:
-    """``target`` with ``source``'s IrrepsLinear modules at the same places (a model rebuilt
-    from ``source``'s configuration has the library's linear layers there instead)."""
-    for name, module in source.named_modules():
-        if isinstance(module, IrrepsLinear):
-            parent, _, child = name.rpartition(".")
-            setattr(target.get_submodule(parent), child, copy.deepcopy(module))
-    return target

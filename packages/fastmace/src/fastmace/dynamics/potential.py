@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from fastmace.charges import DEFAULT_CHARGE, DEFAULT_SPIN_MULTIPLICITY
+from fastmace.dynamics.bf16_tier import bf16_model, copy_reduced_layers
 from fastmace.dynamics.edge_chunks import (
     bytes_per_row,
     chunked_model,
@@ -59,7 +60,6 @@ from fastmace.dynamics.edges import (
     systems_of_atoms,
 )
 from fastmace.dynamics.fused_conv import ConvolutionError, fused_convolution_model
-from fastmace.dynamics.irreps_linear import bf16_linear_model, copy_irreps_linears
 from fastmace.dynamics.module_copy import weight_sharing_copy
 from fastmace.dynamics.overflow import available_memory_bytes
 from fastmace.dynamics.pair_radials import pair_shared_model
@@ -147,10 +147,10 @@ class Potential(torch.nn.Module):
             looser numbers (docs/md.md states the tolerance the gate holds them to). Only the
             model call is affected: torch's TF32 switch is set for it and put back after.
             "bf16": the model's equivariant linear layers and skip connections run as GEMMs
-            with BF16 inputs and float32 accumulation (dynamics/irreps_linear.py; BF16 tensor
-            cores on CUDA, the same numbers computed in float32 on the CPU); everything else,
-            the radial MLPs and the tensor products included, stays float32. Float32 models
-            only; ``bf16_layers`` lists the layers it changed.
+            with BF16 inputs and float32 sums (dynamics/bf16_tier.py; BF16 tensor cores on
+            CUDA, the same numbers computed in float32 on the CPU); everything else, the
+            radial MLPs and tensor products included, stays float32. Float32 short-range
+            models only; ``bf16_layers`` lists the layers it changed.
         radial_table: read each interaction block's radial weights from a table of the
             distance instead of running its radial MLP (dynamics/radial_table.py); raises
             ``TableError`` for a model whose blocks do not allow it. ``table_report`` says
@@ -282,7 +282,7 @@ class Potential(torch.nn.Module):
             if product_basis:
                 self._use_product_basis(product_basis_fallback)
             if matmul_precision == "bf16":
-                self.model, self.bf16_layers = bf16_linear_model(self.model)
+                self.model, self.bf16_layers = bf16_model(self.model)
             # The same weights with the radial MLPs run once per pair, for mirrored edges
             # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
             self.pair_model = pair_shared_model(self.model)
@@ -779,7 +779,7 @@ def _traceable(model: torch.nn.Module, share_pair_radials: bool) -> torch.nn.Mod
                 traceable = extract_model(model, map_location=str(model_device(model)))
             # The rebuild loads weights leniently: put FastMACE's replaced modules back, and
             # refuse a rebuild that left any other weight at its random initial value.
-            traceable = copy_irreps_linears(model, copy_species_linears(model, traceable))
+            traceable = copy_reduced_layers(model, copy_species_linears(model, traceable))
             lost = set(model.state_dict()) ^ set(traceable.state_dict())
             if lost:
                 raise ModelCompileError(

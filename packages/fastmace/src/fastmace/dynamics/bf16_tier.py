@@ -1,0 +1,69 @@
+"""The BF16 tier (``matmul_precision="bf16"``): which layers of a model take BF16 inputs.
+
+The linear layers, as in the published mixed-precision MD of equivariant potentials (arXiv
+2510.23621: observables within run-to-run noise when only the linear layers run in BF16 or
+FP16): the equivariant linear layers (read off the model as one GEMM per irrep type,
+dynamics/irreps_linear.py) and the specialised skip connections (dynamics/species_linear.py).
+The radial MLPs stay float32: putting their dense layers in BF16 too was measured to double the
+force error (docs/validation/bf16.md), and on CUDA the radial tables replace them anyway. So
+do the tensor products and contractions, positions, velocities and integration. Each replaced
+layer is read in float32 and checked against the layer it replaces; then its products round
+their inputs to BF16 (dynamics/reduced_matmul.py).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from fastmace.dynamics.irreps_linear import IrrepsLinear, is_equivariant_linear, read_linear
+from fastmace.dynamics.module_copy import shallow_copy
+from fastmace.dynamics.species_linear import SpeciesLinear
+
+REDUCED_KINDS = (IrrepsLinear,)
+
+
+def bf16_model(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
+    """A copy of ``model`` (weights shared, the model untouched) whose linear layers and skip
+    connections take BF16 inputs, and the names of the layers replaced."""
+    replacements: dict[str, torch.nn.Module] = {}
+    for name, module in model.named_modules():
+        if any(name.startswith(f"{replaced}.") for replaced in replacements):
+            continue  # inside a layer already replaced
+        replacement: torch.nn.Module | None = None
+        if is_equivariant_linear(module):
+            replacement = read_linear(module)
+        elif isinstance(module, SpeciesLinear):
+            replacement = shallow_copy(module)
+        if replacement is not None:
+            replacement.precision = "bf16"
+            replacements[name] = replacement
+    return with_replaced(model, replacements), list(replacements)
+
+
+def with_replaced(
+    model: torch.nn.Module, replacements: dict[str, torch.nn.Module]
+) -> torch.nn.Module:
+    """A copy of ``model`` with the submodules at the given dotted names replaced; new module
+    objects only along the paths to them, everything else shared."""
+    root = shallow_copy(model)
+    for name, replacement in replacements.items():
+        *path, last = name.split(".")
+        parent = root
+        for part in path:
+            child = shallow_copy(parent._modules[part])
+            parent._modules[part] = child
+            parent = child
+        parent._modules[last] = replacement
+    return root
+
+
+def copy_reduced_layers(source: torch.nn.Module, target: torch.nn.Module) -> torch.nn.Module:
+    """``target`` with ``source``'s replaced layers at the same places (a model rebuilt from
+    ``source``'s configuration has the library's layers there instead)."""
+    for name, module in source.named_modules():
+        if isinstance(module, REDUCED_KINDS):
+            parent, _, child = name.rpartition(".")
+            setattr(target.get_submodule(parent), child, copy.deepcopy(module))
+    return target
