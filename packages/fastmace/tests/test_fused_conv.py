@@ -104,6 +104,34 @@ def test_a_potential_on_the_fused_convolution_gives_mace_torchs_results(name):
         assert_matches_reference(model_of(name, torch.float64), structures, output, state)
 
 
+def organic() -> list:
+    """MACE-OFF's elements: ethanol alone, and a rattled periodic box of two."""
+    from ase.build import molecule
+
+    box = molecule("CH3CH2OH")
+    box += molecule("CH3CH2OH")
+    box.positions[9:] += [3.2, 0.4, 0.3]
+    box.cell, box.pbc = [[8.5, 0.0, 0.0], [0.6, 7.0, 0.0], [0.3, -0.4, 7.4]], True
+    box.center()
+    box.rattle(0.03, seed=6)
+    return [molecule("CH3CH2OH"), box]
+
+
+# The block types of MH-1 (RealAgnosticResidualNonLinearInteractionBlock, six heads) and of
+# MACE-OFF (its own irreps and cut-off, organic elements): both own kernels at once, as the
+# CPU's torch formulas, against mace-torch (the kernels themselves: the interpreter tests).
+@pytest.mark.parametrize(("name", "head"), [("mh-1", "omat_pbe"), ("off23-medium", None)])
+def test_both_own_kernels_on_mh1_and_mace_off_blocks_give_mace_torchs_results(name, head):
+    model = cueq_model(name, torch.float64)
+    structures = organic() if name.startswith("off") else [copper_supercell(), triclinic_mixed()]
+    species = sorted({int(z) for atoms in structures for z in atoms.numbers})
+    state = State.from_atoms(structures)
+    potential = Potential(model, species, head, fused_convolution=True, product_basis=True)
+    assert potential.fused_convolution_used and potential.product_basis_used
+    output = potential(state, ase_edges(state, potential.r_max, 1.5), compute_stress=True)
+    assert_matches_reference(model_of(name, torch.float64), structures, output, state, head)
+
+
 def test_with_radial_tables_the_convolution_reads_them_itself():
     """Tables and the own convolution: each block's table moves into its convolution (the
     weights interpolated where they are used), and the potential gives what tables and the
