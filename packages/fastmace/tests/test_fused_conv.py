@@ -132,6 +132,37 @@ def test_both_own_kernels_on_mh1_and_mace_off_blocks_give_mace_torchs_results(na
     assert_matches_reference(model_of(name, torch.float64), structures, output, state, head)
 
 
+def test_the_own_kernels_are_checked_again_on_the_runs_first_state():
+    """A convolution that passed its check when built but disagrees on the run's first state
+    (here: its coefficients changed by 1 % afterwards) is dropped there, with the reason, and
+    cuEquivariance's result returned, then and after; without the fallback the run stops."""
+    model = cueq_model("tiny", torch.float64)
+    state = State.from_atoms([copper_supercell()])
+    edges = ase_edges(state, float(model.r_max), 1.5)
+    want = Potential(model, SPECIES)(state, edges)
+    good = Potential(model, SPECIES, fused_convolution=True, product_basis=True)
+    good(state, edges)
+    assert good.fused_convolution_used and good.product_basis_used
+    assert "own convolution and product basis within" in good.own_kernels_check
+
+    def corrupted(fallback: bool) -> Potential:
+        potential = Potential(
+            model, SPECIES, fused_convolution=True, fused_convolution_fallback=fallback
+        )
+        with torch.no_grad():
+            potential.model.interactions[0].conv_tp.coefficients.mul_(1.01)
+        return potential
+
+    bad = corrupted(fallback=True)
+    with pytest.warns(RuntimeWarning, match="first state"):
+        first = bad(state, edges)
+    assert not bad.fused_convolution_used and "first state" in bad.fused_convolution_failure
+    for output in (first, bad(state, edges)):
+        torch.testing.assert_close(output.forces, want.forces, rtol=0, atol=1e-12)
+    with pytest.raises(ConvolutionError, match="first state"):
+        corrupted(fallback=False)(state, edges)
+
+
 def test_with_radial_tables_the_convolution_reads_them_itself():
     """Tables and the own convolution: each block's table moves into its convolution (the
     weights interpolated where they are used), and the potential gives what tables and the

@@ -295,6 +295,7 @@ def engine_record(run: RunRecord) -> dict[str, Any]:
         "product_basis_failure": run.potential.product_basis_failure,
         "fused_convolution": run.potential.fused_convolution_used,
         "fused_convolution_failure": run.potential.fused_convolution_failure,
+        "own_kernels_check": run.potential.own_kernels_check,
         "matmul_precision": run.potential.matmul_precision,
         "bf16_layers": list(run.potential.bf16_layers),
         "edge_chunking": edge_chunking_record(run.potential),
@@ -465,6 +466,10 @@ def run_report(run: RunRecord, result: MDResult) -> str:
     elif run.potential.fused_convolution_failure:
         failure = run.potential.fused_convolution_failure
         graphs += f", cuEquivariance's convolution (the own one failed: {failure})"
+    if run.potential.own_kernels_check and (
+        run.potential.fused_convolution_used or run.potential.product_basis_used
+    ):
+        graphs += f" ({run.potential.own_kernels_check})"
     if run.potential.bf16_layers:
         graphs += f", {len(run.potential.bf16_layers)} linear layers in BF16"
     if run.potential.chunked_calls:

@@ -263,6 +263,10 @@ class Potential(torch.nn.Module):
         self.product_basis_used = False
         self.fused_convolution_failure: str | None = None  # why the own convolution is not used
         self.fused_convolution_used = False
+        # The model without the own kernels, until they are checked on the first state.
+        self._unchecked_against: torch.nn.Module | None = None
+        self._own_kernels_fallback = False
+        self.own_kernels_check: str | None = None  # how they compared on the first state
         if self.long_range:
             # mace-torch's own model, unchanged: its long-range part is checked against
             # mace-torch's calculator as it is, and it has no padding node to specialise for.
@@ -277,25 +281,25 @@ class Potential(torch.nn.Module):
             )
             if radial_table:
                 self._tabulate(radial_table_fallback)
+            without_own_kernels = self.model
             if fused_convolution:
                 self._use_fused_convolution(fused_convolution_fallback)
             if product_basis:
                 self._use_product_basis(product_basis_fallback)
             if matmul_precision == "bf16":
                 self.model, self.bf16_layers = bf16_model(self.model)
+                without_own_kernels, _ = bf16_model(without_own_kernels)
+            if self.fused_convolution_used or self.product_basis_used:
+                # Checked once more on the run's first state (forward), against this.
+                self._unchecked_against = without_own_kernels
+                self._own_kernels_fallback = fused_convolution_fallback or product_basis_fallback
             # The same weights with the radial MLPs run once per pair, for mirrored edges
             # (dynamics/pair_radials.py); None when the model's blocks cannot share them.
             self.pair_model = pair_shared_model(self.model)
         self.edge_chunking = self._edge_chunking(edge_chunk_rows, model_device(model))
         self.edge_chunk_rows = None if self.edge_chunking is None else self.edge_chunking.rows
-        self.chunked_model = self.chunked_pair_model = None
         self.chunked_calls = 0  # evaluations that needed chunks
-        if self.edge_chunk_rows is not None:
-            self.chunked_model = chunked_model(self.model, self.edge_chunk_rows, pairs=False)
-            if self.pair_model is not None:
-                self.chunked_pair_model = chunked_model(
-                    self.model, self.edge_chunk_rows, pairs=True
-                )
+        self._chunk(self.model)
         self.compiled = bool(compile)
         self.compile_fallback = bool(compile_fallback)
         self.compile_failure: str | None = None  # why compilation was given up, if it was
@@ -400,6 +404,8 @@ class Potential(torch.nn.Module):
         synchronisation and fixed shapes. Not to be called under ``torch.inference_mode``
         (forces need autograd), any other grad mode is fine.
         """
+        if self._unchecked_against is not None:
+            return self._first_state_check(state, edges, compute_stress)
         if not self.compiled:
             return self._evaluate(state, edges, compute_stress, charge, spin)
         started, chunked_before = time.perf_counter(), self.chunked_calls
@@ -426,6 +432,61 @@ class Potential(torch.nn.Module):
                 stacklevel=2,
             )
             return self._evaluate(state, edges, compute_stress, charge, spin)
+
+    def _chunk(self, model: torch.nn.Module) -> None:
+        """The chunked copies of ``model`` (plain and per pair), when edges come in chunks."""
+        self.chunked_model = self.chunked_pair_model = None
+        if self.edge_chunk_rows is not None:
+            self.chunked_model = chunked_model(model, self.edge_chunk_rows, pairs=False)
+            if self.pair_model is not None:
+                self.chunked_pair_model = chunked_model(model, self.edge_chunk_rows, pairs=True)
+
+    def _first_state_check(
+        self, state: State, edges: Edges, compute_stress: bool
+    ) -> PotentialOutput:
+        """The first evaluation with FastMACE's own kernels, compared with the same model
+        without them (cuEquivariance's kernels) on the same state: forces within float32's
+        rounding tolerance of the model's dtype, or the own kernels are dropped for the rest
+        of the run (with ``fallback``; else ConvolutionError). Uncompiled, as a first call."""
+        reference_model, self._unchecked_against = self._unchecked_against, None
+        own = self._evaluate(state, edges, compute_stress, None, None, compiled=False)
+        current = (self.model, self.pair_model, self.chunked_model, self.chunked_pair_model)
+        self.model, self.pair_model = reference_model, pair_shared_model(reference_model)
+        self._chunk(reference_model)
+        reference = self._evaluate(state, edges, compute_stress, None, None, compiled=False)
+        energy_tolerance, force_tolerance = rounding_tolerances(
+            self.node_attr_table.dtype,  # the model's
+            float(reference.energy.abs().max()),
+            reference.forces.detach().cpu().numpy(),
+            state.n_atoms,
+        )
+        force_error = float((own.forces - reference.forces).abs().max())
+        energy_error = float((own.energy - reference.energy).abs().max())
+        kernels = [name for name, used in (("convolution", self.fused_convolution_used),
+                   ("product basis", self.product_basis_used)) if used]  # fmt: skip
+        if force_error <= force_tolerance and energy_error <= energy_tolerance:
+            self.model, self.pair_model, self.chunked_model, self.chunked_pair_model = current
+            self.own_kernels_check = (
+                f"own {' and '.join(kernels)} within {force_error:.1e} eV/Å of "
+                f"cuEquivariance's on the first state (tolerance {force_tolerance:.1e})"
+            )
+            return own
+        reason = (
+            f"on the run's first state the own {' and '.join(kernels)} gave forces "
+            f"{force_error:.2e} eV/Å (energy {energy_error:.2e} eV) from cuEquivariance's "
+            f"(tolerance {force_tolerance:.2e})"
+        )
+        if not self._own_kernels_fallback:
+            self.model, self.pair_model, self.chunked_model, self.chunked_pair_model = current
+            raise ConvolutionError(reason)
+        self._compiled_calls.clear()
+        self.own_kernels_check = reason
+        if self.fused_convolution_used:
+            self.fused_convolution_used, self.fused_convolution_failure = False, reason
+        if self.product_basis_used:
+            self.product_basis_used, self.product_basis_failure = False, reason
+        warnings.warn(f"{reason}; cuEquivariance's kernels run", RuntimeWarning, stacklevel=3)
+        return reference
 
     def _edge_chunking(
         self, setting: int | str | None, device: torch.device
