@@ -49,6 +49,18 @@ def test_a_bf16_plan_is_gated_as_it_runs_to_its_own_tolerance(cache):
     assert reduced.matmul_precision == "bf16"
 
 
+def test_the_gate_checks_the_own_kernels_where_the_plan_runs_them(cache):
+    """With the plan's own convolution and product basis, the gate evaluates the potential
+    that runs them (on a cuEquivariance model), and says so."""
+    result = run_gate(
+        load("demo-emt-cu", backend="cueq"), copper(), fused_convolution=True, product_basis=True
+    )
+    assert result.passed, result.summary()
+    assert result.own_kernels == ("convolution", "product basis")
+    assert "with the own convolution and product basis" in result.summary()
+    assert run_gate(load("demo-emt-cu", backend="cueq"), copper()).own_kernels == ()
+
+
 def test_a_perturbed_backend_fails_the_gate_and_the_next_one_is_used(cache):
     model = load("demo-emt-cu", backend="cueq")
     perturb(model)

@@ -553,6 +553,7 @@ def _load_and_gate(call: _Call, plan: Plan, settings: RunSettings) -> _Prepared:
             loaded, _gated_structure(checked.atoms, *first), candidates=candidates,
             environment=call.runner.environment, structure=checked.description,
             matmul_precision=engine.matmul_precision, radial_table=engine.radial_table,
+            fused_convolution=engine.fused_convolution, product_basis=engine.product_basis,
         )  # fmt: skip
         loaded, gate, fallbacks = gated.model, gated.gate, gated.failures
         phases["gate_s"] = time.perf_counter() - tick

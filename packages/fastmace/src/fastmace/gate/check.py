@@ -73,6 +73,8 @@ class GateResult:
     child_seconds: float
     matmul_precision: str = DEFAULT_MATMUL_PRECISION
     radial_table: bool = False
+    own_kernels: tuple[str, ...] = ()
+    """FastMACE's own kernels the checked potential ran ("convolution", "product basis")."""
 
     @property
     def passed(self) -> bool:
@@ -91,8 +93,11 @@ class GateResult:
                 f"stress {self.stress_eV_per_A3.max:.2e} "
                 f"(tol {self.stress_eV_per_A3.tolerance:.1e}) eV/Å^3"
             )
+        path = f"{self.backend} {self.dtype} on {self.device}"
+        if self.own_kernels:
+            path += f" with the own {' and '.join(self.own_kernels)}"
         return (
-            f"gate {verdict}: {self.backend} {self.dtype} on {self.device} vs {self.reference}, "
+            f"gate {verdict}: {path} vs {self.reference}, "
             f"{self.formula} ({self.structure}): " + "; ".join(parts)
         )
 
@@ -103,13 +108,22 @@ class GateResult:
 
 
 def _plan_values(
-    model: LoadedModel, atoms: ase.Atoms, matmul_precision: str, radial_table: bool
-) -> dict[str, np.ndarray]:
-    """Energy, forces and stress from FastMACE's potential: what the engine will use."""
+    model: LoadedModel,
+    atoms: ase.Atoms,
+    matmul_precision: str,
+    radial_table: bool,
+    fused_convolution: bool = False,
+    product_basis: bool = False,
+) -> dict[str, Any]:
+    """Energy, forces and stress from FastMACE's potential: what the engine will use (its own
+    kernels, where the plan has them, as the run builds them: falling back when they fail a
+    check), and which own kernels ran."""
     state = State.from_atoms(atoms, device=model.device)
     potential = Potential.from_loaded(
-        model, state.atomic_numbers, matmul_precision=matmul_precision, radial_table=radial_table
-    )
+        model, state.atomic_numbers, matmul_precision=matmul_precision, radial_table=radial_table,
+        fused_convolution=fused_convolution, fused_convolution_fallback=True,
+        product_basis=product_basis, product_basis_fallback=True,
+    )  # fmt: skip
     neighbours = NeighbourList(state, potential.r_max, 0.0)
     # The model's edges as the engine gives them (mirrored: radial weights once per pair),
     # from a list planned for this structure, so they fit.
@@ -118,10 +132,13 @@ def _plan_values(
     # A long-range model's charge and spin from the structure, as the reference reads them.
     charges, spins = charges_and_spins([atoms]) if potential.long_range else (None, None)
     out = potential(state, edges, compute_stress=periodic, charge=charges, spin=spins)
-    values = {
+    values: dict[str, Any] = {
         "energy": np.array(float(out.energy.sum())),
         "forces": out.forces.detach().cpu().numpy(),
-    }
+        "own_kernels": tuple(name for name, used in (
+            ("convolution", potential.fused_convolution_used),
+            ("product basis", potential.product_basis_used)) if used),
+    }  # fmt: skip
     if periodic and out.stress is not None:
         values["stress"] = out.stress[0].detach().cpu().numpy()
     return values
@@ -178,6 +195,9 @@ def run_gate(
     structure: str | None = None,
     matmul_precision: str = DEFAULT_MATMUL_PRECISION,
     radial_table: bool = False,
+    *,
+    fused_convolution: bool = False,
+    product_basis: bool = False,
 ) -> GateResult:
     """Compare ``model`` (as the engine runs it) with mace-torch's float64 e3nn model.
 
@@ -186,14 +206,18 @@ def run_gate(
     TF32 epsilons or ``BF16_GATE_EPSILONS`` BF16 epsilons of the same scales (vocabulary.py;
     docs/md.md). With ``radial_table`` the
     potential reads its radial weights from tables (float32 models only), held to the
-    float32 tolerances: the tables' own error is below 1e-6 of the weights.
+    float32 tolerances: the tables' own error is below 1e-6 of the weights. With
+    ``fused_convolution`` or ``product_basis`` it runs FastMACE's own kernels as the run will
+    (each dropped if it fails its own checks; ``own_kernels`` says which ran).
 
     ``environment``: extra variables for the reference child (RunnerConfig.environment).
     ``structure`` says what ``atoms`` is, for the record (default: the run's structure);
     :func:`fastmace.gate.reduce.reduced_structure` picks it for large runs.
     """
     reference, seconds = _reference_values(model, atoms, environment)
-    plan = _plan_values(model, atoms, matmul_precision, radial_table)
+    plan = _plan_values(
+        model, atoms, matmul_precision, radial_table, fused_convolution, product_basis
+    )
     dtype = torch.float32 if model.dtype == "float32" else torch.float64
     energy_tol, force_tol = rounding_tolerances(
         dtype, float(reference["energy"]), reference["forces"], len(atoms)
@@ -224,4 +248,5 @@ def run_gate(
         child_seconds=seconds,
         matmul_precision=matmul_precision,
         radial_table=radial_table,
+        own_kernels=plan["own_kernels"],
     )

@@ -52,12 +52,16 @@ def gate_with_fallback(
     structure: str | None = None,
     matmul_precision: str = DEFAULT_MATMUL_PRECISION,
     radial_table: bool = False,
+    *,
+    fused_convolution: bool = False,
+    product_basis: bool = False,
 ) -> GatedModel:
     """The first of ``candidates`` (default: ``model``'s backend, then the slower available
     ones) that passes the gate; ``model`` is the first candidate, already loaded.
     ``environment`` goes to the gate's reference child (RunnerConfig.environment);
     ``structure`` says what ``atoms`` is and ``matmul_precision`` how the run's matrix
-    products go, ``radial_table`` whether radial weights come from tables (see
+    products go, ``radial_table`` whether radial weights come from tables,
+    ``fused_convolution`` and ``product_basis`` whether FastMACE's own kernels run (see
     :func:`run_gate`)."""
     failures: list[dict[str, Any]] = []
     if candidates is None:
@@ -66,8 +70,9 @@ def gate_with_fallback(
         try:
             current = model if backend == model.backend else _reload(model, backend)
             result = run_gate(
-                current, atoms, environment, structure, matmul_precision, radial_table
-            )
+                current, atoms, environment, structure, matmul_precision, radial_table,
+                fused_convolution=fused_convolution, product_basis=product_basis,
+            )  # fmt: skip
         except Exception as error:  # a candidate that cannot even be built or checked
             failures.append({"backend": backend, "reason": f"{type(error).__name__}: {error}"})
             continue
