@@ -133,6 +133,21 @@ def test_the_calculator_builds_its_potential_with_its_own_settings(model, copper
     assert potential.edge_chunking is None  # "auto" chunks on CUDA only
 
 
+def test_the_calculator_runs_the_bf16_tier_when_asked(copper):
+    """matmul_precision reaches the calculator's potential (a float32 model: BF16 GEMMs, the
+    same numbers in float32 on the CPU), and a wrong value is refused at once."""
+    from fastmace.ase import FastMACECalculator
+
+    calculator = FastMACECalculator("demo-emt-cu", dtype="float32", matmul_precision="bf16")
+    copper = copper.copy()
+    copper.calc = calculator
+    copper.get_forces()
+    assert calculator._potential.matmul_precision == "bf16"
+    assert calculator._potential.bf16_layers
+    with pytest.raises(ValueError, match="float32, tf32, bf16"):
+        FastMACECalculator("demo-emt-cu", matmul_precision="fp8")
+
+
 def test_a_large_set_up_says_what_it_is_doing_as_it_goes(model, copper, monkeypatch):
     """From SETUP_PROGRESS_ATOMS atoms on (lowered here to this cell's 32), each part of the
     set-up is announced before it starts and timed when it ends; smaller runs say nothing."""

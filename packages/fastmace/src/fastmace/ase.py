@@ -51,7 +51,7 @@ from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
 from fastmace.models.load import LoadedModel, load
 from fastmace.planner import EngineSettings
-from fastmace.vocabulary import CALCULATOR_SKIN_A
+from fastmace.vocabulary import CALCULATOR_SKIN_A, DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS
 
 
 @dataclass
@@ -85,6 +85,9 @@ class FastMACECalculator(Calculator):
             models only; default 0).
         spin: spin multiplicity 2S + 1 of structures without ``atoms.info["spin"]``
             (long-range models only; default 1, a singlet; 2 is a doublet), as mace-torch.
+        matmul_precision: ``"float32"`` (default), ``"tf32"`` (CUDA) or ``"bf16"`` (the
+            linear layers' GEMMs with BF16 inputs; float32 models), as in ``fm.md``
+            (docs/md.md).
         **load_options: further arguments of ``fm.load`` (``checkpoint``, ``download``,
             ``sha256``, ``trusted``, ``seed``, ``progress``).
 
@@ -108,9 +111,15 @@ class FastMACECalculator(Calculator):
         dispersion_functional: str | None = None,
         charge: float | None = None,
         spin: float | None = None,
+        matmul_precision: str = DEFAULT_MATMUL_PRECISION,
         **load_options: Any,
     ) -> None:
         super().__init__()
+        if matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(
+                f"matmul_precision={matmul_precision!r}: use one of {', '.join(MATMUL_PRECISIONS)}"
+            )
+        self.matmul_precision = matmul_precision
         if not skin_A >= 0:
             raise ValueError(f"skin_A must be a length >= 0 in Å, got {skin_A}")
         self.loaded = _loaded_model(model, head, device, dtype, backend, load_options)
@@ -205,7 +214,11 @@ class FastMACECalculator(Calculator):
         if self._potential is None or not species <= set(self._potential.species):
             # The calculator's own settings: the loaded model as it is, uncompiled, no tables
             # (the planner's CPU rules), edge chunks as the memory requires on CUDA.
-            own = EngineSettings(device=self.loaded.device, backend=self.loaded.backend)
+            own = EngineSettings(
+                device=self.loaded.device,
+                backend=self.loaded.backend,
+                matmul_precision=self.matmul_precision,
+            )
             self._potential = assembly.potential(self.loaded, sorted(species), own)
         return self._potential
 
