@@ -167,6 +167,22 @@ def test_a_bf16_potential_is_within_its_gate_tolerance_of_float64(backend):
     assert np.isfinite(reduced.forces.numpy()).all()
 
 
+def test_a_bf16_potential_conforms_at_its_own_tolerance():
+    """Batched against alone and with extra padding, a BF16 potential agrees with itself to the
+    tier's rounding (its GEMM inputs round at other points), which precision_loosening sets."""
+    from conftest import model_edges
+
+    from fastmace.dynamics.potential import check_potential
+    from fastmace.models.backends import precision_loosening
+
+    potential = Potential(model_of("tiny", torch.float32), SPECIES, matmul_precision="bf16")
+    check_potential(potential, lambda state: model_edges(state, potential.r_max))
+    eps = torch.finfo(torch.float32).eps
+    assert precision_loosening(torch.float32, "float32") == 1.0
+    assert precision_loosening(torch.float32, "bf16") == pytest.approx(5 * 2**-7 / (1000 * eps))
+    assert precision_loosening(torch.float32, "tf32") == pytest.approx(20 * 2**-10 / (1000 * eps))
+
+
 def test_bf16_is_refused_for_float64_and_long_range_models():
     with pytest.raises(ValueError, match="runs float32 models"):
         Potential(model_of("tiny", torch.float64), SPECIES, matmul_precision="bf16")

@@ -80,7 +80,7 @@ from fastmace.dynamics.radial_table import (
 from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
 from fastmace.dynamics.state import PotentialOutput, State
 from fastmace.dynamics.table_conv import table_convolution_model
-from fastmace.models.backends import rounding_tolerances
+from fastmace.models.backends import precision_loosening, rounding_tolerances
 from fastmace.models.checkpoint import contained, default_dtype, model_device, model_dtype
 from fastmace.models.reference import check_structure
 from fastmace.planner.edge_memory import EdgeChunking, edge_chunking
@@ -456,11 +456,16 @@ class Potential(torch.nn.Module):
         counted = self.chunked_calls  # the run's evaluations, not this comparison's
         reference = self._evaluate(state, edges, compute_stress, None, None, compiled=False)
         self.chunked_calls = counted
-        energy_tolerance, force_tolerance = rounding_tolerances(
-            self.node_attr_table.dtype,  # the model's
-            float(reference.energy.abs().max()),
-            reference.forces.detach().cpu().numpy(),
-            state.n_atoms,
+        dtype = self.node_attr_table.dtype  # the model's
+        loosening = precision_loosening(dtype, self.matmul_precision)
+        energy_tolerance, force_tolerance = (
+            tolerance * loosening
+            for tolerance in rounding_tolerances(
+                dtype,
+                float(reference.energy.abs().max()),
+                reference.forces.detach().cpu().numpy(),
+                state.n_atoms,
+            )
         )
         force_error = float((own.forces - reference.forces).abs().max())
         energy_error = float((own.energy - reference.energy).abs().max())
@@ -1054,6 +1059,7 @@ def check_potential(
     _check_unchanged(before, state, edges)
     _check_outputs(batch, state)
     dtype = potential.node_attr_table.dtype
+    loosening = precision_loosening(dtype, potential.matmul_precision)
     for index, atoms in enumerate(structures):
         single = State.from_atoms([atoms], device=device)
         alone = potential(single, build_edges(single), compute_stress=True)
@@ -1061,6 +1067,7 @@ def check_potential(
         _check_close(
             f"system {index} in a batch of {len(structures)} vs alone",
             dtype,
+            loosening,
             (batch.energy[index : index + 1], batch.forces[rows], batch.stress[index]),
             (alone.energy, alone.forces, alone.stress[0]),
         )
@@ -1068,6 +1075,7 @@ def check_potential(
     _check_close(
         f"{extra_padding} extra padding slots",
         dtype,
+        loosening,
         (batch.energy, batch.forces, batch.stress),
         (padded.energy, padded.forces, padded.stress),
     )
@@ -1133,15 +1141,21 @@ def _check_outputs(output: PotentialOutput, state: State) -> None:
 def _check_close(
     what: str,
     dtype: torch.dtype,
+    loosening: float,
     actual: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     expected: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
 ) -> None:
-    """Energy, forces and stress equal to the model dtype's rounding (models/backends.py)."""
+    """Energy, forces and stress equal to the model dtype's rounding (models/backends.py),
+    ``loosening`` times wider for a reduced-precision tier."""
     energy, forces, stress = (t.detach().to("cpu", ENERGY_DTYPE).numpy() for t in expected)
-    energy_tolerance, force_tolerance = rounding_tolerances(
-        dtype, float(np.abs(energy).max()), forces, len(forces)
+    energy_tolerance, force_tolerance = (
+        tolerance * loosening
+        for tolerance in rounding_tolerances(
+            dtype, float(np.abs(energy).max()), forces, len(forces)
+        )
     )
-    stress_tolerance = 1000 * torch.finfo(dtype).eps * max(float(np.abs(stress).max()), 0.01)
+    scale = max(float(np.abs(stress).max()), 0.01)
+    stress_tolerance = 1000 * torch.finfo(dtype).eps * scale * loosening
     names = ("energy", "forces", "stress")
     tolerances = (energy_tolerance, force_tolerance, stress_tolerance)
     for name, got, want, tolerance in zip(names, actual, expected, tolerances, strict=True):

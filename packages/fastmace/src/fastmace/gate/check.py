@@ -29,11 +29,11 @@ from fastmace.charges import charges_and_spins
 from fastmace.dynamics.neighbours import NeighbourList
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.state import State
-from fastmace.models.backends import rounding_tolerances
+from fastmace.models.backends import precision_loosening, rounding_tolerances
 from fastmace.models.load import LoadedModel
 from fastmace.runtime.cache import scratch_dir
 from fastmace.runtime.environment import child_environment
-from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION, REDUCED_PRECISION_TOLERANCE
+from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION
 
 CHILD_TIMEOUT_S = 3600
 
@@ -222,14 +222,9 @@ def run_gate(
     energy_tol, force_tol = rounding_tolerances(
         dtype, float(reference["energy"]), reference["forces"], len(atoms)
     )
-    epsilons = 1000 * torch.finfo(dtype).eps
-    if matmul_precision in REDUCED_PRECISION_TOLERANCE:
-        loosening = REDUCED_PRECISION_TOLERANCE[matmul_precision] / epsilons
-        energy_tol, force_tol, epsilons = (
-            energy_tol * loosening,
-            force_tol * loosening,
-            epsilons * loosening,
-        )
+    loosening = precision_loosening(dtype, matmul_precision)  # the tier's own, or 1
+    energy_tol, force_tol = energy_tol * loosening, force_tol * loosening
+    epsilons = 1000 * torch.finfo(dtype).eps * loosening
     stress = None
     if "stress" in reference and "stress" in plan:
         scale = max(float(np.abs(reference["stress"]).max()), 1e-2)

@@ -28,7 +28,7 @@ from fastmace.models.checkpoint import (
 from fastmace.models.cueq_descriptors import descriptors_cached_on_disk
 from fastmace.models.reference import check_structure, evaluate
 from fastmace.runtime.quiet import library_noise_silenced
-from fastmace.vocabulary import BACKENDS
+from fastmace.vocabulary import BACKENDS, REDUCED_PRECISION_TOLERANCE
 
 
 class BackendUnavailableError(RuntimeError):
@@ -187,6 +187,18 @@ def rounding_tolerances(
     energy_tolerance = 1000 * eps * max(abs(energy), float(num_atoms))
     force_tolerance = 1000 * eps * max(float(np.abs(forces).max()), 1.0)
     return energy_tolerance, force_tolerance
+
+
+def precision_loosening(dtype: torch.dtype, matmul_precision: str) -> float:
+    """The factor by which ``rounding_tolerances`` widen for a reduced-precision tier.
+
+    With TF32 or BF16 matrix products two correct evaluations (eager and compiled, one kernel
+    or another, batched or alone) round the products' inputs at different points, and differ
+    by that precision's rounding, not float32's: the tolerances become the tier's own
+    (``REDUCED_PRECISION_TOLERANCE``, vocabulary.py; the gate's too). 1 otherwise.
+    """
+    fraction = REDUCED_PRECISION_TOLERANCE.get(matmul_precision)
+    return 1.0 if fraction is None else fraction / (1000 * torch.finfo(dtype).eps)
 
 
 def check_conversion(
