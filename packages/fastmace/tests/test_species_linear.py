@@ -18,13 +18,13 @@ import torch
 from ase.build import bulk
 from conftest import cueq_template
 
+from fastmace.dynamics.module_copy import copy_modules_of
 from fastmace.dynamics.potential import Potential
 from fastmace.dynamics.species_linear import (
     ELEMENT_SKIP_TP_BLOCKS,
     SpecialisationError,
     SpeciesLinear,
     check_species_linear,
-    copy_species_linears,
     specialise_for_species,
     species_linear,
 )
@@ -249,7 +249,7 @@ def test_a_model_rebuilt_from_its_configuration_gets_the_replaced_modules_back()
         rebuilt = extract_model(specialised)
     # mace's rebuild has its own skip_tp there, at initial weights: not the model's.
     assert not any(isinstance(module, SpeciesLinear) for module in rebuilt.modules())
-    rebuilt = copy_species_linears(specialised, rebuilt)
+    rebuilt = copy_modules_of(specialised, rebuilt, (SpeciesLinear,))
     assert rebuilt.state_dict().keys() == specialised.state_dict().keys()
     atoms = check_structure(RUN_SPECIES, seed=7)
     assert_same_evaluation(evaluate(rebuilt, atoms), evaluate(specialised, atoms), len(atoms))

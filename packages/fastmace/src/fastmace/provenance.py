@@ -466,9 +466,7 @@ def run_report(run: RunRecord, result: MDResult) -> str:
     elif run.potential.fused_convolution_failure:
         failure = run.potential.fused_convolution_failure
         graphs += f", cuEquivariance's convolution (the own one failed: {failure})"
-    if run.potential.own_kernels_check and (
-        run.potential.fused_convolution_used or run.potential.product_basis_used
-    ):
+    if run.potential.own_kernels_check and run.potential.own_kernels:
         graphs += f" ({run.potential.own_kernels_check})"
     if run.potential.bf16_layers:
         graphs += f", {len(run.potential.bf16_layers)} linear layers in BF16"

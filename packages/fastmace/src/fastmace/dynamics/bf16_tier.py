@@ -13,15 +13,11 @@ their inputs to BF16 (dynamics/reduced_matmul.py).
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
-from fastmace.dynamics.irreps_linear import IrrepsLinear, is_equivariant_linear, read_linear
+from fastmace.dynamics.irreps_linear import is_equivariant_linear, read_linear
 from fastmace.dynamics.module_copy import shallow_copy
 from fastmace.dynamics.species_linear import SpeciesLinear
-
-REDUCED_KINDS = (IrrepsLinear,)
 
 
 def bf16_model(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
@@ -57,13 +53,3 @@ def with_replaced(
             parent = child
         parent._modules[last] = replacement
     return root
-
-
-def copy_reduced_layers(source: torch.nn.Module, target: torch.nn.Module) -> torch.nn.Module:
-    """``target`` with ``source``'s replaced layers at the same places (a model rebuilt from
-    ``source``'s configuration has the library's layers there instead)."""
-    for name, module in source.named_modules():
-        if isinstance(module, REDUCED_KINDS):
-            parent, _, child = name.rpartition(".")
-            setattr(target.get_submodule(parent), child, copy.deepcopy(module))
-    return target

@@ -70,3 +70,18 @@ def _copy(
     attributes["_buffers"] = type(module._buffers)(module._buffers)
     twin.__dict__.update(attributes)
     return twin
+
+
+def copy_modules_of(
+    source: torch.nn.Module, target: torch.nn.Module, kinds: tuple[type, ...]
+) -> torch.nn.Module:
+    """``target`` with (deep copies of) ``source``'s modules of ``kinds`` at the same places.
+
+    For a model rebuilt from ``source``'s configuration (mace-torch's ``extract_model``), which
+    has the library's modules where FastMACE replaced them, and no weights for ours.
+    """
+    for name, module in source.named_modules():
+        if isinstance(module, kinds):
+            parent, _, child = name.rpartition(".")
+            setattr(target.get_submodule(parent), child, copy.deepcopy(module))
+    return target

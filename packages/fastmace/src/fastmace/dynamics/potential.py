@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from fastmace.charges import DEFAULT_CHARGE, DEFAULT_SPIN_MULTIPLICITY
-from fastmace.dynamics.bf16_tier import bf16_model, copy_reduced_layers
+from fastmace.dynamics.bf16_tier import bf16_model
 from fastmace.dynamics.edge_chunks import (
     bytes_per_row,
     chunked_model,
@@ -60,7 +60,8 @@ from fastmace.dynamics.edges import (
     systems_of_atoms,
 )
 from fastmace.dynamics.fused_conv import ConvolutionError, fused_convolution_model
-from fastmace.dynamics.module_copy import weight_sharing_copy
+from fastmace.dynamics.irreps_linear import IrrepsLinear
+from fastmace.dynamics.module_copy import copy_modules_of, weight_sharing_copy
 from fastmace.dynamics.overflow import available_memory_bytes
 from fastmace.dynamics.pair_radials import pair_shared_model
 from fastmace.dynamics.polar import (
@@ -77,7 +78,7 @@ from fastmace.dynamics.radial_table import (
     TableReport,
     tabulated_model,
 )
-from fastmace.dynamics.species_linear import copy_species_linears, specialise_for_species
+from fastmace.dynamics.species_linear import SpeciesLinear, specialise_for_species
 from fastmace.dynamics.state import PotentialOutput, State
 from fastmace.dynamics.table_conv import table_convolution_model
 from fastmace.models.backends import precision_loosening, rounding_tolerances
@@ -433,6 +434,13 @@ class Potential(torch.nn.Module):
             )
             return self._evaluate(state, edges, compute_stress, charge, spin)
 
+    @property
+    def own_kernels(self) -> tuple[str, ...]:
+        """FastMACE's own kernels this potential runs: "convolution", "product basis"."""
+        return tuple(name for name, used in (
+            ("convolution", self.fused_convolution_used),
+            ("product basis", self.product_basis_used)) if used)  # fmt: skip
+
     def _chunk(self, model: torch.nn.Module) -> None:
         """The chunked copies of ``model`` (plain and per pair), when edges come in chunks."""
         self.chunked_model = self.chunked_pair_model = None
@@ -469,8 +477,7 @@ class Potential(torch.nn.Module):
         )
         force_error = float((own.forces - reference.forces).abs().max())
         energy_error = float((own.energy - reference.energy).abs().max())
-        kernels = [name for name, used in (("convolution", self.fused_convolution_used),
-                   ("product basis", self.product_basis_used)) if used]  # fmt: skip
+        kernels = self.own_kernels
         if force_error <= force_tolerance and energy_error <= energy_tolerance:
             self.model, self.pair_model, self.chunked_model, self.chunked_pair_model = current
             self.own_kernels_check = (
@@ -847,7 +854,7 @@ def _traceable(model: torch.nn.Module, share_pair_radials: bool) -> torch.nn.Mod
                 traceable = extract_model(model, map_location=str(model_device(model)))
             # The rebuild loads weights leniently: put FastMACE's replaced modules back, and
             # refuse a rebuild that left any other weight at its random initial value.
-            traceable = copy_reduced_layers(model, copy_species_linears(model, traceable))
+            traceable = copy_modules_of(model, traceable, (SpeciesLinear, IrrepsLinear))
             lost = set(model.state_dict()) ^ set(traceable.state_dict())
             if lost:
                 raise ModelCompileError(

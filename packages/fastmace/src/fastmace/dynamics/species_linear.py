@@ -10,7 +10,6 @@ Checked against mace-torch 0.3.16 (``mace/modules/blocks.py``).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -183,19 +182,6 @@ def check_species_linear(
             "features and one-hot attributes this replacement assumes, or matrix products "
             "ran in reduced precision (TF32: torch.backends.cuda.matmul.allow_tf32)"
         )
-
-
-def copy_species_linears(source: torch.nn.Module, target: torch.nn.Module) -> torch.nn.Module:
-    """``target`` with ``source``'s SpeciesLinear modules at the same places.
-
-    For a model rebuilt from ``source``'s configuration (mace-torch's ``extract_model``),
-    which has the library's ``skip_tp`` there and no weights for it.
-    """
-    for name, module in source.named_modules():
-        if isinstance(module, SpeciesLinear):
-            parent, _, child = name.rpartition(".")
-            setattr(target.get_submodule(parent), child, copy.deepcopy(module))
-    return target
 
 
 def _has_element_skip_tp(block: torch.nn.Module) -> bool:

@@ -135,10 +135,8 @@ def _plan_values(
     values: dict[str, Any] = {
         "energy": np.array(float(out.energy.sum())),
         "forces": out.forces.detach().cpu().numpy(),
-        "own_kernels": tuple(name for name, used in (
-            ("convolution", potential.fused_convolution_used),
-            ("product basis", potential.product_basis_used)) if used),
-    }  # fmt: skip
+        "own_kernels": potential.own_kernels,
+    }
     if periodic and out.stress is not None:
         values["stress"] = out.stress[0].detach().cpu().numpy()
     return values
