@@ -75,8 +75,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 74  # product basis tiled, 13,824 only
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 75  # own convolution v2 against cuEq
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 76  # the BF16 tier: tests, accuracy, speed
-#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 77  # start-up compiled ahead of time; product basis
-#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 78  # stage 75, then stage 70's five failures
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 77  # start-up compiled ahead of time; stage 70's failures
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 78  # stage 75; the product basis at 13,824
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1128,27 +1128,30 @@ mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-bf16
   ;;
 77)
   # Issue 31: the warm start through a package compiled ahead of time on CUDA (stage 66's
-  # second half, never run for want of device time): built in the cold run (201 s at 13,824
-  # atoms in stage 65), loaded in the warm one with the loader made directly. Then the tiled
-  # product basis against cuEquivariance's at 13,824 atoms (stage 74).
+  # second half): built in the cold run (201 s at 13,824 atoms in stage 65), loaded in the
+  # warm one. Its first try (H100) stopped at export, "Constraints violated (atoms)": the
+  # padding nodes were counted inside the graph with max(1, ...); they are now a size of their
+  # own (aot_potential._inputs). Then stage 70's five failures again with
+  # tools/validation/gpu_extra_wheels.sh's wheels (D3's torch-dftd, the CUDA headers the
+  # hybrid backend builds with).
   FASTMACE_CACHE=/tmp/fastmace-cache-77 timeout 360 python3 benchmarks/startup_time.py \
     --atoms 13824 --steps 200 --timeout-s 300 --ahead-of-time-on-cuda \
     --out "$OUT/startup-13824-aot" --extra=--compile > "$OUT/startup-13824-aot.log" 2>&1
   echo "start-up 13824 (compiled ahead of time): exit $?"
   grep -hE "start-up|^done|rror" "$OUT"/startup-13824-aot/*.log | cut -c1-300
-  product_kernels 110 13824
+  gpu_tests 77 130 "$tests/test_dispersion_triton.py" "$tests/test_engine_gpu.py" \
+    "$tests/test_quiet_run.py" -k "hybrid or fused or triton"
   ;;
 78)
-  # Stage 75 (the generated convolution kernels against cuEquivariance's), then stage 70's
-  # five failures again with tools/validation/gpu_extra_wheels.sh's wheels (D3's torch-dftd,
-  # the CUDA headers the hybrid backend builds with).
-  gpu_tests 78a 130 "$tests/test_fused_conv.py"
+  # Stage 75 (the generated convolution kernels against cuEquivariance's), then the tiled
+  # product basis against cuEquivariance's at 13,824 atoms (stage 74; 110 s were too few on a
+  # freshly started H100).
+  gpu_tests 78 120 "$tests/test_fused_conv.py"
   timeout 230 python3 benchmarks/conv_kernels.py --atoms 1728,13824 --out "$OUT/conv" \
     > "$OUT/conv_kernels.log" 2>&1
   echo "convolution kernels: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log" | cut -c1-200
-  gpu_tests 78b 130 "$tests/test_dispersion_triton.py" "$tests/test_engine_gpu.py" \
-    "$tests/test_quiet_run.py" -k "hybrid or fused or triton"
+  product_kernels 150 13824
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -54,3 +54,35 @@ def test_the_key_covers_torch_the_device_and_the_libraries(model):
     assert len(identity["fastmace_code"]) == 64
     other_torch = {**identity, "torch": "0.0.0"}
     assert artefact_key(other_torch) != artefact_key(identity)
+
+
+def test_a_package_traced_at_one_size_serves_fewer_and_more_padding_nodes(one_interaction_copper):
+    """The number of padding nodes (one per 128 atoms begun) must put no condition on the
+    number of atoms, which the export declares free. Counted inside the graph with
+    ``max(1, ...)`` it did, and export refused the trace ("Constraints violated (atoms)") on
+    the H200 at 13,824 atoms, so no package could be built there; traced as a size of one, a
+    package built on a small cell would fix it at 1. Each way round here: traced at 32 atoms
+    (one padding node) and called at 192 (two), and the reverse, against the eager evaluation."""
+    from conftest import copper, model_edges
+
+    from fastmace.dynamics import aot_potential
+    from fastmace.dynamics.padding import padding_nodes
+    from fastmace.dynamics.state import State
+
+    potential = Potential(load(one_interaction_copper, backend="cueq").module, [29])
+    small, large = State.from_atoms([copper((2, 2, 2))]), State.from_atoms([copper((4, 4, 3))])
+    assert (padding_nodes(small.n_atoms), padding_nodes(large.n_atoms)) == (1, 2)
+    for traced_at, called_at in ((small, large), (large, small)):
+        edges = model_edges(traced_at, potential.r_max)
+        graph = aot_potential.trace(potential, traced_at, edges, compute_stress=False)
+        exported = torch.export.export(
+            graph,
+            tuple(aot_potential._inputs(traced_at, edges)),
+            dynamic_shapes=aot_potential._dynamic_shapes(edges.mirrored),
+            strict=False,
+        )
+        edges = model_edges(called_at, potential.r_max)
+        energy, forces = exported.module()(*aot_potential._inputs(called_at, edges))
+        expected = potential.evaluate_eagerly(called_at, edges, False)
+        torch.testing.assert_close(forces, expected.forces)
+        torch.testing.assert_close(energy, expected.energy)

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from fastmace.dynamics.edges import Edges
+from fastmace.dynamics.padding import padding_nodes
 from fastmace.dynamics.state import PotentialOutput, State
 from fastmace.runtime import cache, environment, vouched
 
@@ -45,8 +46,9 @@ from fastmace.runtime import cache, environment, vouched
 # imports nothing of it, so that the two files do not import each other.
 
 # Changed whenever the traced function's inputs or outputs change: old packages no longer match.
-FORMAT = 1
+FORMAT = 2
 PACKAGES = ("compile", "aot")
+MIN_PADDING_NODES = 2  # see _inputs
 # The libraries whose kernels or modules end up inside a package.
 _LIBRARIES = (
     "mace-torch",
@@ -252,6 +254,7 @@ def trace(
         edge_index: torch.Tensor,
         unit_shifts: torch.Tensor,
         mask: torch.Tensor,
+        padding_marker: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         # Velocities and masses do not enter the potential; the count and overflow flags are
         # the neighbour list's business.
@@ -260,7 +263,9 @@ def trace(
         )
         flag = torch.zeros((), dtype=torch.bool, device=positions.device)
         traced_edges = Edges(edge_index, unit_shifts, mask, flag.long(), flag, mirrored=mirrored)
-        output = potential.evaluate_eagerly(traced_state, traced_edges, compute_stress, call)
+        output = potential.evaluate_eagerly(
+            traced_state, traced_edges, compute_stress, call, padding=padding_marker.shape[0]
+        )
         if not compute_stress:
             return output.energy, output.forces
         return output.energy, output.forces, output.virial, output.stress
@@ -313,6 +318,14 @@ def _python_spherical_harmonics() -> Iterator[None]:
 
 
 def _inputs(state: State, edges: Edges) -> list[torch.Tensor]:
+    """The traced function's inputs. The number of padding nodes travels as the size of an
+    empty-valued tensor of its own: computed inside the graph from the number of atoms, it
+    put conditions on that number (more than 128 atoms, ...) that export refuses for a free
+    size ("Constraints violated (atoms)"). At least two: a size of one would be traced as the
+    constant 1, and a package built on a small cell could not serve a larger one (any number
+    of padding nodes gives the same energies and forces)."""
+    count = max(MIN_PADDING_NODES, padding_nodes(state.n_atoms))
+    padding = torch.empty(count, dtype=torch.uint8, device=state.device)
     return [
         state.positions,
         state.atomic_numbers,
@@ -322,6 +335,7 @@ def _inputs(state: State, edges: Edges) -> list[torch.Tensor]:
         edges.edge_index,
         edges.unit_shifts,
         edges.mask,
+        padding,
     ]
 
 
@@ -330,7 +344,8 @@ def _dynamic_shapes(mirrored: bool) -> tuple[dict[int, object] | None, ...]:
     # Mirrored edges come in pairs, one direction in each half: the capacity is even.
     edges = 2 * torch.export.Dim("pairs", min=2) if mirrored else torch.export.Dim("edges", min=4)
     per_atom, per_edge = {0: atoms}, {0: edges}
-    return (per_atom, per_atom, None, None, per_atom, {1: edges}, per_edge, per_edge)
+    padding = {0: torch.export.Dim("padding", min=MIN_PADDING_NODES)}
+    return (per_atom, per_atom, None, None, per_atom, {1: edges}, per_edge, per_edge, padding)
 
 
 def _one_slot_more(edges: Edges) -> Edges:

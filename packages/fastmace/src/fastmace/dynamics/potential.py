@@ -14,7 +14,7 @@ forces, not in the stress. Their edges are self-edges with a fixed vector of len
 so their spherical harmonics and radial basis stay finite (a zero-length edge would give NaN)
 and mace's polynomial cutoff, exactly zero beyond ``r_max``, keeps their features small.
 
-The padding edges are spread over one padding node per :data:`ATOMS_PER_PADDING_NODE` atoms,
+The padding edges are spread over one padding node per 128 atoms (dynamics/padding.py),
 slot by slot in turn. The kernels sum messages into their receivers (and gradients into
 their senders) with atomic adds, which one memory address takes one at a time: with a single
 padding node, a million atoms' headroom (millions of padding edges, each adding a row of
@@ -63,6 +63,7 @@ from fastmace.dynamics.fused_conv import ConvolutionError, fused_convolution_mod
 from fastmace.dynamics.irreps_linear import IrrepsLinear
 from fastmace.dynamics.module_copy import copy_modules_of, weight_sharing_copy
 from fastmace.dynamics.overflow import available_memory_bytes
+from fastmace.dynamics.padding import padding_nodes
 from fastmace.dynamics.pair_radials import pair_shared_model
 from fastmace.dynamics.polar import (
     LONG_RANGE_MODEL_TYPES,
@@ -589,12 +590,19 @@ class Potential(torch.nn.Module):
         *,
         charge: PerSystem = None,
         spin: PerSystem = None,
+        padding: int | None = None,
     ) -> PotentialOutput:
         """``forward`` without any compilation (neither torch.compile nor a package compiled
         ahead of time), or through ``call`` in place of the model (what
         dynamics/aot_potential.py traces and checks against). For evaluations outside the
-        steps of a compiled run, which would otherwise compile a graph of their own."""
-        return self._evaluate(state, edges, compute_stress, charge, spin, call, compiled=False)
+        steps of a compiled run, which would otherwise compile a graph of their own.
+
+        ``padding``: the number of padding nodes (default :func:`padding_nodes` of the
+        atoms). The trace ahead of time passes it as a size of its own, so that the traced
+        graph puts no condition on the number of atoms."""
+        return self._evaluate(
+            state, edges, compute_stress, charge, spin, call, compiled=False, padding=padding
+        )
 
     def _evaluate(
         self,
@@ -606,6 +614,7 @@ class Potential(torch.nn.Module):
         call: Callable[..., dict[str, torch.Tensor]] | None = None,
         *,
         compiled: bool = True,
+        padding: int | None = None,
     ) -> PotentialOutput:
         """forward's work, through ``call``, or else the model (through torch.compile when
         both ``compiled`` and the potential's ``compiled``)."""
@@ -615,7 +624,7 @@ class Potential(torch.nn.Module):
             if self.long_range:
                 graph = self._long_range_graph(state, edges, compute_stress, charge, spin)
             else:
-                graph = self._graph(state, edges, compute_stress)
+                graph = self._graph(state, edges, compute_stress, padding)
             with (
                 default_dtype(self.node_attr_table.dtype),
                 _matmul_precision(self.matmul_precision),
@@ -674,8 +683,11 @@ class Potential(torch.nn.Module):
             self._compiled_calls[shared] = _compiled(self.model, share_pair_radials=shared)
         return self._compiled_calls[shared]
 
-    def _graph(self, state: State, edges: Edges, compute_stress: bool) -> _Graph:
-        """mace-torch's input dictionary for this batch, plus the leaves to differentiate."""
+    def _graph(
+        self, state: State, edges: Edges, compute_stress: bool, padding: int | None = None
+    ) -> _Graph:
+        """mace-torch's input dictionary for this batch, plus the leaves to differentiate
+        (``padding``: the number of padding nodes, default :func:`padding_nodes`)."""
         dtype = self.node_attr_table.dtype
         device = state.device
         n_atoms, n_systems = state.n_atoms, state.n_systems
@@ -694,7 +706,7 @@ class Potential(torch.nn.Module):
         # Rerouted edges: self-edges of the padding nodes (from index n_atoms) with a fixed
         # vector.
         shifts = torch.where(real.unsqueeze(-1), shifts, self.padding_shift)
-        padding = padding_nodes(n_atoms)
+        padding = padding_nodes(n_atoms) if padding is None else padding
         edge_index = torch.where(real, edge_index, n_atoms + _padding_node_of_slot(edges, padding))
         padded = torch.cat([positions_moved, positions_moved.new_zeros(padding, 3)])
         # The edge vectors are formed here and handed to the model as its "shifts", with all
@@ -939,26 +951,13 @@ class _Graph:
     displacement: torch.Tensor | None
 
 
-# Atoms per padding node: an atom has tens to a hundred edge slots, a few tens of percent of
-# them headroom, so a node takes a few hundred to a thousand padding edges; under 1 % more
-# nodes. Counted from atoms, not edge slots, so the node count is fixed for a run: a regrown
-# list changes only the number of edges, which a compiled model has symbolic (a new node
-# count recompiled the model, 13 s at 13,824 atoms on an H200).
-ATOMS_PER_PADDING_NODE = 128
-
-
-def padding_nodes(n_atoms: int) -> int:
-    """How many padding nodes a batch of ``n_atoms`` atoms gets (at least one)."""
-    return max(1, -(-n_atoms // ATOMS_PER_PADDING_NODE))
-
-
 def _padding_node_of_slot(edges: Edges, padding: int) -> torch.Tensor:
     """(E,) which padding node (0 .. padding - 1) each slot's edge goes to if it is padding:
     slot by slot in turn, and for mirrored edges the same node for both halves of a pair."""
     slots = edges.edge_index.shape[1]
     slot = torch.arange(slots, device=edges.edge_index.device)
     if edges.mirrored:
-        slot = slot % max(slots // 2, 1)
+        slot = slot % (slots // 2)  # a mirrored list holds at least one pair
     return slot % padding
 
 
