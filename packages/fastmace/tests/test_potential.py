@@ -34,6 +34,7 @@ from helpers.structures import (
 )
 
 import fastmace as fm
+from fastmace.dynamics import padding as padding_module
 from fastmace.dynamics import potential as potential_module
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.neighbours import NeighbourList
@@ -151,14 +152,14 @@ def test_padding_is_spread_over_padding_nodes_and_changes_nothing(monkeypatch):
     # Kernels sum into receivers with atomic adds, one at a time per address: all padding on
     # one node took minutes at a million atoms on an H200. A small atoms-per-node here gives
     # several padding nodes on a CPU-sized batch.
-    monkeypatch.setattr(potential_module, "ATOMS_PER_PADDING_NODE", 8)
+    monkeypatch.setattr(padding_module, "ATOMS_PER_PADDING_NODE", 8)
     model = model_of("tiny", torch.float64)
     potential = Potential(model, [29, 8, 6, 1])
     state = State.from_atoms([copper_supercell(), triclinic_mixed(), cluster()])
     exact = ase_edges(state, potential.r_max, 1.0)
     padded = pad_edges(exact, 301)
     graph = potential._graph(state, padded, compute_stress=False)
-    nodes = potential_module.padding_nodes(state.n_atoms)
+    nodes = padding_module.padding_nodes(state.n_atoms)
     assert nodes == -(-state.n_atoms // 8) > 1
     assert graph.data["node_attrs"].shape[0] == state.n_atoms + nodes
     receivers = graph.data["edge_index"][1]
@@ -175,7 +176,7 @@ def test_padding_is_spread_over_padding_nodes_and_changes_nothing(monkeypatch):
 def test_a_regrown_list_changes_the_number_of_edges_only(monkeypatch):
     # A compiled model has the edge count symbolic and every other size fixed: a node count
     # that followed the list's capacity recompiled the model after a regrowth (13 s, H200).
-    monkeypatch.setattr(potential_module, "ATOMS_PER_PADDING_NODE", 8)
+    monkeypatch.setattr(padding_module, "ATOMS_PER_PADDING_NODE", 8)
     potential = Potential(model_of("tiny", torch.float64), [29, 8, 6, 1])
     state = State.from_atoms([copper_supercell(), triclinic_mixed()])
     exact = ase_edges(state, potential.r_max, 1.0)
@@ -193,7 +194,7 @@ def test_a_regrown_list_changes_the_number_of_edges_only(monkeypatch):
 
 
 def test_mirrored_padding_pairs_stay_pairs_on_their_padding_node(monkeypatch):
-    monkeypatch.setattr(potential_module, "ATOMS_PER_PADDING_NODE", 4)
+    monkeypatch.setattr(padding_module, "ATOMS_PER_PADDING_NODE", 4)
     model = model_of("tiny", torch.float64)
     potential = Potential(model, [29, 8, 6, 1])
     state = State.from_atoms([copper_supercell(), cluster()])
