@@ -36,7 +36,7 @@ import torch
 from md_speed import FRICTION_PER_PS, SEED, TEMPERATURE_K, TIMESTEP_FS, nacl
 
 from fastmace.api import _model_facts, _planned_environment
-from fastmace.dynamics import potential as potential_module
+from fastmace.dynamics import padding as padding_module
 from fastmace.dynamics.ensembles import ensemble
 from fastmace.io import OutputSchedule
 from fastmace.machine import probe_availabilities
@@ -67,13 +67,13 @@ def first_plan(structure, expandable_segments: bool | None = None) -> Plan:
 @contextlib.contextmanager
 def padding_as(variant: str) -> Iterator[None]:
     """Every padding edge on one padding node for "one-padding-node", as before it was spread."""
-    spread = potential_module.ATOMS_PER_PADDING_NODE
+    spread = padding_module.ATOMS_PER_PADDING_NODE
     if variant == "one-padding-node":
-        potential_module.ATOMS_PER_PADDING_NODE = 1 << 62
+        padding_module.ATOMS_PER_PADDING_NODE = 1 << 62
     try:
         yield
     finally:
-        potential_module.ATOMS_PER_PADDING_NODE = spread
+        padding_module.ATOMS_PER_PADDING_NODE = spread
 
 
 def run_case(
