@@ -91,12 +91,13 @@ def relative(got: torch.Tensor, want: torch.Tensor) -> float:
 def block_inputs(potential: Potential, state: State, edges: Any, block: torch.nn.Module,
                  generator: torch.Generator) -> dict[str, torch.Tensor]:  # fmt: skip
     """The block's convolution inputs at this size: the real edge index (padding rerouted
-    to the padding atom), random features, harmonics and per-pair weights."""
+    to the padding nodes), random features for every node, harmonics and per-pair weights."""
     graph = potential._graph(state, edges, False)
     edge_index = graph.data["edge_index"]
     coupling = coupling_of(block)
     d1, d2, _ = coupling.coefficients.shape
-    atoms, count = state.n_atoms + 1, edge_index.shape[1]
+    # Every node, the padding nodes too (one per 128 atoms): the edges reach them all.
+    atoms, count = graph.data["node_attrs"].shape[0], edge_index.shape[1]
 
     def draw(*shape: int) -> torch.Tensor:
         return torch.randn(shape, generator=generator, device=DEVICE)
@@ -195,7 +196,7 @@ def convolution_cases(model_name: str, atoms: int, loaded: Any) -> list[dict[str
         want_ours = float64_answers(coupling, inputs, timings["fastmace"]["grad"])
         for path, timing in timings.items():
             reference = want if path == "cueq" else want_ours
-            # Real atoms and edges only: the padding atom (the last) and its edges are not
+            # Real atoms and edges only: the padding nodes (the last) and their edges are not
             # needed (ours leaves them zero).
             real = inputs["edge_index"][1] < state.n_atoms
             pairs = real[: real.shape[0] // 2]
