@@ -17,10 +17,7 @@ ATOMS_PER_PADDING_NODE = 128
 
 
 def padding_nodes(n_atoms: int) -> int:
-    """How many padding nodes a batch of ``n_atoms`` atoms gets (one per 128 atoms begun).
-
-    Integer arithmetic alone, no comparison: while tracing ahead of time ``n_atoms`` is
-    symbolic, and ``max`` would add a condition on it (more than 128 atoms, say), which export
-    refuses for a size declared free ("Constraints violated (atoms)", on the H200).
-    """
+    """How many padding nodes a batch of ``n_atoms`` (at least one) atoms gets: one per 128
+    atoms begun. The ahead-of-time trace takes the count as a size of its own
+    (aot_potential._inputs), so that no condition on the atoms enters its graph."""
     return (n_atoms + ATOMS_PER_PADDING_NODE - 1) // ATOMS_PER_PADDING_NODE

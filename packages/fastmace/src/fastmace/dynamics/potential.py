@@ -311,10 +311,10 @@ class Potential(torch.nn.Module):
         self._compiled_calls: dict[bool, Callable[..., dict[str, torch.Tensor]]] = {}
         # Models on cuEquivariance or OpenEquivariance kernels compile ahead of time on the
         # CPU: whole evaluations kept in the cache root (dynamics/aot_potential.py). Not yet on
-        # CUDA: a package takes minutes to build there (201 s at 13,824 atoms on the H200),
-        # against about a minute for a cold torch.compile, and its load, 34 s until stage 65,
-        # is still to be measured made directly (docs/validation/performance.md);
-        # torch.compile serves CUDA, and e3nn models.
+        # CUDA: a package takes minutes to build there (160-201 s at 13,824 atoms), against
+        # about a minute for a cold torch.compile; it loads in 0.6 s (H100, stage 77), but its
+        # warm start and captured step are still to be compared with torch.compile's on one
+        # machine (docs/validation/performance.md); torch.compile serves CUDA, and e3nn models.
         self.ahead_of_time = (
             self.compiled
             and not self.long_range
