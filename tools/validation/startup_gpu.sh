@@ -77,6 +77,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 76  # the BF16 tier: tests, accuracy, speed
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 77  # start-up compiled ahead of time; stage 70's failures
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 78  # stage 75; the product basis at 13,824
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 79  # stage 78's remainder; stage 77's tests
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -109,8 +110,10 @@ polar_tests() {  # MACE-POLAR-1's GPU tests (the engine on CUDA against mace-tor
 gpu_tests() {  # gpu_tests STAGE TIMEOUT PYTEST-ARGS...: the GPU tests named, into gpu_tests_STAGE.txt
   local stage=$1 limit=$2
   shift 2
-  timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" \
-    > "$OUT/gpu_tests_$stage.txt" 2>&1
+  # SIGINT, unbuffered: a run that runs out of time still says which tests passed (stage 78's
+  # SIGTERM left an empty file).
+  timeout -s INT -k 20 "$limit" python3 -u -m pytest -q -m gpu -p no:cacheprovider \
+    --durations=10 "$@" > "$OUT/gpu_tests_$stage.txt" 2>&1
   echo "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests_$stage.txt"))"
   grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_tests_$stage.txt" | head
 }
@@ -1152,6 +1155,19 @@ mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-bf16
   echo "convolution kernels: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log" | cut -c1-200
   product_kernels 150 13824
+  ;;
+79)
+  # What stage 78 left (H100): the convolution's GPU test ran out of 120 s (many kernels
+  # generated and compiled per coupling and dtype on a fresh machine), and 13,824 atoms ran out
+  # of memory in the float64 reference (now taken in chunks of edges). Then stage 77's five
+  # GPU tests, which closes issue 32's before-and-after.
+  gpu_tests 79 300 "$tests/test_fused_conv.py"
+  timeout 200 python3 benchmarks/conv_kernels.py --atoms 13824 --out "$OUT/conv" \
+    > "$OUT/conv_kernels.log" 2>&1
+  echo "convolution kernels: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log" | cut -c1-200
+  gpu_tests 79b 240 "$tests/test_dispersion_triton.py" "$tests/test_engine_gpu.py" \
+    "$tests/test_quiet_run.py" -k "hybrid or fused or triton"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
