@@ -77,7 +77,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 76  # the BF16 tier: tests, accuracy, speed
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 77  # start-up compiled ahead of time; stage 70's failures
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 78  # stage 75; the product basis at 13,824
-#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 79  # stage 78's remainder; stage 77's tests
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 79  # stage 78's remainder: conv at 13,824
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 80  # stage 77's five GPU tests again
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1159,14 +1160,17 @@ mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-bf16
 79)
   # What stage 78 left (H100): the convolution's GPU test ran out of 120 s (many kernels
   # generated and compiled per coupling and dtype on a fresh machine), and 13,824 atoms ran out
-  # of memory in the float64 reference (now taken in chunks of edges). Then stage 77's five
-  # GPU tests, which closes issue 32's before-and-after.
+  # of memory in the float64 reference (now taken in chunks of edges).
   gpu_tests 79 300 "$tests/test_fused_conv.py"
   timeout 200 python3 benchmarks/conv_kernels.py --atoms 13824 --out "$OUT/conv" \
     > "$OUT/conv_kernels.log" 2>&1
   echo "convolution kernels: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log" | cut -c1-200
-  gpu_tests 79b 240 "$tests/test_dispersion_triton.py" "$tests/test_engine_gpu.py" \
+  ;;
+80)
+  # Stage 79's second half, in a command of its own (the two together could run past the
+  # device's 10 minutes): stage 77's five GPU tests, which closes issue 32's before-and-after.
+  gpu_tests 80 240 "$tests/test_dispersion_triton.py" "$tests/test_engine_gpu.py" \
     "$tests/test_quiet_run.py" -k "hybrid or fused or triton"
   ;;
 esac
