@@ -79,6 +79,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 78  # stage 75; the product basis at 13,824
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 79  # stage 78's remainder: conv at 13,824
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 80  # stage 77's five GPU tests again
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 81  # compiled start-up: torch.compile, then AOT
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1172,6 +1173,18 @@ mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-bf16
   # device's 10 minutes): stage 77's five GPU tests, which closes issue 32's before-and-after.
   gpu_tests 80 240 "$tests/test_dispersion_triton.py" "$tests/test_engine_gpu.py" \
     "$tests/test_quiet_run.py" -k "hybrid or fused or triton"
+  ;;
+81)
+  # Issue 31: should a compiled run on CUDA load a package compiled ahead of time rather than
+  # trace with torch.compile? Stage 66 again, both paths in one command on one machine (stages
+  # 67 and 77 each ran one half, on different machines): the compiled start-up cold and warm
+  # through torch.compile, then through a package (built cold, loaded warm), 200 steps each.
+  FASTMACE_CACHE=/tmp/fastmace-cache-81a compiled_startup 190 120
+  FASTMACE_CACHE=/tmp/fastmace-cache-81b timeout 380 python3 benchmarks/startup_time.py \
+    --atoms 13824 --steps 200 --timeout-s 300 --ahead-of-time-on-cuda \
+    --out "$OUT/startup-13824-aot" --extra=--compile > "$OUT/startup-13824-aot.log" 2>&1
+  echo "start-up 13824 (compiled ahead of time): exit $?"
+  grep -hE "start-up|^done|rror" "$OUT"/startup-13824-aot/*.log | cut -c1-300
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
