@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import ase
 import ase.units
@@ -89,10 +90,11 @@ def _check_one(atoms: ase.Atoms, where: str, known: set[int] | None, min_distanc
     )
 
 
-# The close-pair search is the one check whose cost grows with the atoms (1.5 s for 55,296
-# atoms on 2 cores), and fm.md's preflight and then its Simulation both ask it of the same
-# structures. The digests of the last few geometries found apart are remembered, so the
-# second asking is free; a changed position, cell or periodicity is a new digest.
+# The close-pair search is the one check whose cost grows with the atoms (about 1 s for a
+# million atoms on 2 cores, more where ASE's list is used), and fm.md's preflight and then its
+# Simulation both ask it of the same structures. The digests of the last few geometries found
+# apart are remembered, so the second asking is free; a changed position, cell or periodicity
+# is a new digest.
 REMEMBERED_GEOMETRIES = 16
 _SPACED_APART: OrderedDict[bytes, None] = OrderedDict()
 
@@ -106,41 +108,143 @@ def _geometry_digest(atoms: ase.Atoms, min_distance: float) -> bytes:
     return digest.digest()
 
 
-# ASE's neighbour list bins the whole cell (bins at least 3 Å wide): a mostly empty cell of
-# 1e6 Å asks it for 1e16 bins, and it allocates tens of GB. Past this many bins per atom the
-# close pairs are found by comparing every pair instead, in pieces of bounded size.
-MOST_ASE_BINS_PER_ATOM = 64
+# ASE's neighbour list costs about 40 s for a million atoms on 2 cores, and it bins the whole
+# cell (bins at least 3 Å wide): a mostly empty cell of 1e6 Å asks it for 1e16 bins. Fully
+# periodic cells at least twice the cutoff high are searched by the cell list below instead.
+# It keys only the occupied bins (sorted flat ids, not an array over the cell), so a mostly
+# empty cell costs what its atoms cost, and the pairwise search that cells of many bins per
+# atom once had is no longer needed. Candidate pairs are measured in pieces of this size.
 PAIRS_PER_PIECE = 4_000_000
+# Bins per axis, at most: the flat ids of three axes then fit an int64 (2**60).
+MOST_BINS_PER_AXIS = 1 << 20
 
 
 def _close_pairs(atoms: ase.Atoms, cutoff: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pairs of atoms closer than ``cutoff`` (indices and distances), in memory that grows with
-    the atoms whatever the cell's size."""
-    pbc = atoms.get_pbc()
-    if not pbc.all():
+    """Pairs of atoms closer than ``cutoff`` (indices, both orders, and distances), as ASE's
+    ``neighbor_list("ijd", ...)``, in memory that grows with the atoms whatever the cell."""
+    if not atoms.get_pbc().all():
         return neighbor_list("ijd", atoms, cutoff)
-    cell = np.asarray(atoms.get_cell())
-    positions = atoms.get_positions()
+    cell = np.asarray(atoms.get_cell(), dtype=float)
+    heights = _cell_heights(cell)
+    # Below twice the cutoff a pair can be close through several images; ASE's list finds them.
+    # (NaN heights of a degenerate cell also fail the comparison and go to ASE.)
+    if not (cutoff > 0 and np.all(heights >= 2 * cutoff)):
+        return neighbor_list("ijd", atoms, cutoff)
+    return _binned_close_pairs(atoms.get_positions(), cell, heights, cutoff)
+
+
+def _cell_heights(cell: np.ndarray) -> np.ndarray:
+    """The distance between each pair of opposite faces: volume / face area."""
     volume = abs(np.linalg.det(cell))
     faces = np.linalg.norm(np.cross(np.roll(cell, -1, axis=0), np.roll(cell, -2, axis=0)), axis=1)
-    heights = volume / faces
-    ase_bins = np.prod(np.maximum(1.0, np.floor(heights / max(cutoff, 3.0))))
-    if ase_bins <= MOST_ASE_BINS_PER_ATOM * len(atoms) + 1000 or heights.min() < 2 * cutoff:
-        return neighbor_list("ijd", atoms, cutoff)
-    # Every periodic height is at least twice the cutoff, so a pair within it has fractional
-    # differences below 1/2 and the rounded (minimum) image is that pair's only close image.
-    reciprocal = np.linalg.inv(cell)
-    rows = max(1, PAIRS_PER_PIECE // len(atoms))
-    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for start in range(0, len(atoms), rows):
-        delta = positions[None, :, :] - positions[start : start + rows, None, :]
-        fractional = delta @ reciprocal
-        delta = (fractional - np.round(fractional)) @ cell
-        distance = np.linalg.norm(delta, axis=-1)
-        first, second = np.nonzero(distance < cutoff)
-        keep = first + start != second
-        found.append((first[keep] + start, second[keep], distance[first[keep], second[keep]]))
-    return tuple(np.concatenate(parts) for parts in zip(*found, strict=True))  # type: ignore[return-value]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return volume / faces
+
+
+def _binned_close_pairs(
+    positions: np.ndarray, cell: np.ndarray, heights: np.ndarray, cutoff: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A cell list in fractional coordinates, for a periodic cell every height of which is at
+    least twice ``cutoff``: each atom is compared with the atoms of its bin and of the bins
+    next to it, found by searching the sorted flat ids of the occupied bins."""
+    if len(positions) < 2:
+        return _no_pairs()
+    fractional = positions @ np.linalg.inv(cell)
+    fractional -= np.floor(fractional)
+    bins = _bins_per_axis(heights, cutoff)
+    # A rounded 1.0 (from a coordinate a hair below 0) belongs to the last bin.
+    index = np.minimum((fractional * bins).astype(np.int64), bins - 1)
+    order = np.argsort(_flat_ids(index, bins), kind="stable")
+    fractional = fractional[order]
+    found = [_no_pairs()]
+    for atom, starts, lengths in _neighbouring_ranges(index[order], bins):
+        for piece in _pieces(lengths, PAIRS_PER_PIECE):
+            row, other = _expand(starts[piece], lengths[piece])
+            found.append(_within(fractional, cell, atom[piece][row], other, cutoff))
+    first, second, distance = (np.concatenate(parts) for parts in zip(*found, strict=True))
+    first, second = order[first], order[second]
+    ranked = np.lexsort((second, first))  # by first atom, as ASE's list
+    return first[ranked], second[ranked], distance[ranked]
+
+
+def _neighbouring_ranges(
+    index: np.ndarray, bins: np.ndarray
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """For each offset to a neighbouring bin, of atoms sorted by bin (``index``): every atom
+    whose neighbouring bin there holds atoms, and those atoms as ranges (start, length) of the
+    sorted atoms. Only occupied bins are kept, so a mostly empty cell costs nothing more."""
+    keys = _flat_ids(index, bins)
+    first = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    counts = np.diff(np.append(first, len(keys)))
+    occupied, occupied_keys = index[first], keys[first]
+    # Each axis's part of the neighbours' flat ids, per step: three wraps (%) per axis, not 27.
+    strides = (bins[1] * bins[2], bins[2], 1)
+    parts = [
+        [(occupied[:, axis] + step) % bins[axis] * strides[axis] for step in steps]
+        for axis, steps in enumerate(_axis_steps(bins))
+    ]
+    for part_a, part_b, part_c in itertools.product(*parts):
+        neighbour = part_a + part_b + part_c
+        # The queries are nearly sorted (sorted bins, one offset), which searchsorted is fast at.
+        at = np.minimum(np.searchsorted(occupied_keys, neighbour), len(first) - 1)
+        near = np.flatnonzero(occupied_keys[at] == neighbour)
+        owner, atom = _expand(first[near], counts[near])
+        yield atom, first[at[near]][owner], counts[at[near]][owner]
+
+
+def _bins_per_axis(heights: np.ndarray, cutoff: float) -> np.ndarray:
+    """Bins at least ``cutoff`` high along each axis, so a close pair is in the same bin or in
+    neighbouring ones. The margin keeps rounding from making them a hair narrower."""
+    bins = np.floor(heights / (cutoff * (1 + 1e-9)))
+    return np.clip(bins, 1, MOST_BINS_PER_AXIS).astype(np.int64)
+
+
+def _flat_ids(index: np.ndarray, bins: np.ndarray) -> np.ndarray:
+    return (index[:, 0] * bins[1] + index[:, 1]) * bins[2] + index[:, 2]
+
+
+def _axis_steps(bins: np.ndarray) -> list[np.ndarray]:
+    """The steps to a bin's neighbours along each axis, itself included, each bin once: along
+    an axis of two bins -1 and +1 are the same bin, and of one bin all three are the bin."""
+    return [np.unique(np.array([-1, 0, 1]) % count) for count in bins]
+
+
+def _expand(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ranges [start, start + length) laid end to end, with the row each value came from."""
+    row = np.repeat(np.arange(len(starts)), lengths)
+    ends = np.cumsum(lengths)
+    values = np.arange(ends[-1] if len(ends) else 0) + np.repeat(starts - ends + lengths, lengths)
+    return row, values
+
+
+def _pieces(lengths: np.ndarray, size: int) -> list[slice]:
+    """Consecutive rows whose lengths add up to at most ``size`` (or one longer row)."""
+    ends = np.cumsum(lengths)
+    pieces = []
+    start, done = 0, 0
+    while start < len(lengths):
+        stop = max(start + 1, int(np.searchsorted(ends, done + size, side="right")))
+        pieces.append(slice(start, stop))
+        start, done = stop, int(ends[stop - 1])
+    return pieces
+
+
+def _within(
+    fractional: np.ndarray, cell: np.ndarray, first: np.ndarray, second: np.ndarray, cutoff: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The candidate pairs closer than ``cutoff``, an atom never with itself. Every height is at
+    least twice the cutoff, so a close pair's fractional differences are below 1/2 and the
+    rounded (minimum) image is its only close one."""
+    delta = fractional[second] - fractional[first]
+    delta -= np.round(delta)
+    vector = delta @ cell
+    squared = np.einsum("ij,ij->i", vector, vector)
+    keep = np.flatnonzero((squared < cutoff * cutoff) & (first != second))
+    return first[keep], second[keep], np.sqrt(squared[keep])
+
+
+def _no_pairs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, float)
 
 
 def _check_masses(atoms: ase.Atoms, where: str) -> None:
