@@ -12,6 +12,7 @@ cuEquivariance, the mirrored edges and per-pair radial weights the engine gives 
 * the block's radial table and convolution together, from the pairs' lengths: the table then
   cuEquivariance's convolution, against FastMACE's convolution reading the table itself
   (dynamics/table_conv.py), with the difference of their messages;
+* FastMACE's kernels alone with programs of 32, 64 and 128 channels (one to four warps);
 * then the whole potential (energy and forces; radial tables as the default path has them)
   with either convolution, captured in a CUDA graph and replayed (ms per evaluation), and the
   forces' difference.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -227,6 +229,7 @@ def convolution_cases(model_name: str, atoms: int, loaded: Any) -> list[dict[str
                     strict=True)),
             })  # fmt: skip
         cases += table_cases(model_name, atoms, potential, index, inputs, theirs, ours, generator)
+        cases += thread_cases(model_name, atoms, index, inputs, ours, generator)
     return cases + potential_cases(model_name, atoms, loaded, state, edges)
 
 
@@ -252,6 +255,59 @@ def table_cases(model_name: str, atoms: int, potential: Potential, index: int, i
         "forward_wall_ms": timing["forward_wall_ms"],
         "errors_vs_float64": None, "messages_vs_cueq_table": difference,
     } for path, timing in timings.items()]  # fmt: skip
+
+
+THREAD_VARIANTS = (32, 64, 128)
+
+
+def thread_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: FusedConvolution,
+                 generator: torch.Generator) -> list[dict[str, Any]]:  # fmt: skip
+    """FastMACE's forward and backward kernels called directly, with programs of 32, 64 and
+    128 channels (one, two and four warps; 128 is what the module runs). The backward sums
+    dL/dY over the program's channels for every edge, sixteen sums per edge: across four warps
+    each goes through shared memory and a barrier, inside one warp it does not, at the cost of
+    four programs per atom each reading the atom's edges. Each variant's results against the
+    128-channel ones (the partial sums are added in another order)."""
+    if DEVICE != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return []  # the kernels run on CUDA, or in Triton's interpreter (a smoke test)
+    from fastmace.dynamics import conv_triton
+
+    count = inputs["features"].shape[0]
+    features = inputs["features"].view(count, -1, ours.channels)
+    weights = inputs["weights"].view(inputs["weights"].shape[0], ours.paths, ours.channels)
+    harmonics, edge_index = inputs["harmonics"], inputs["edge_index"]
+    grad = torch.randn((count, ours.coefficients.shape[2], ours.channels), generator=generator,
+                       device=DEVICE)  # fmt: skip
+    receiver_runs = conv_triton.runs(edge_index[1], count)
+    sender_runs = conv_triton.runs(edge_index[0], count)
+    found, cases = {}, []
+    for threads in THREAD_VARIANTS:
+
+        def forward(threads: int = threads) -> torch.Tensor:
+            return conv_triton.forward(
+                ours.key, features, harmonics, weights, ours.coefficients, edge_index[0],
+                receiver_runs, ours.skip, threads,
+            )  # fmt: skip
+
+        def backward(threads: int = threads) -> tuple[torch.Tensor, ...]:
+            return conv_triton.backward(ours.key, grad, features, harmonics, weights,
+                                        ours.coefficients, edge_index, receiver_runs,
+                                        sender_runs, ours.skip, threads)  # fmt: skip
+
+        forward_times, backward_times = timed_ms(forward), timed_ms(backward)
+        found[threads] = [forward(), *backward()]
+        cases.append({
+            "model": model_name, "atoms": atoms, "path": "convolution",
+            "variant": f"fastmace-threads{threads}-block{index}", "status": "ok",
+            "ms_per_step": forward_times["kernel_ms"] + backward_times["kernel_ms"],
+            "forward_ms": forward_times["kernel_ms"], "backward_ms": backward_times["kernel_ms"],
+            "wall_ms": forward_times["wall_ms"] + backward_times["wall_ms"], "threads": threads,
+        })  # fmt: skip
+    reference = found[THREAD_VARIANTS[-1]]
+    for case in cases:
+        pairs = zip(found[case["threads"]], reference, strict=True)
+        case["vs_threads128"] = max(relative(got, want.double()) for got, want in pairs)
+    return cases
 
 
 def potential_cases(model_name: str, atoms: int, loaded: Any, state: State,
@@ -314,7 +370,7 @@ def kernel_benchmark(doc: str, cases_of: Any, path: str, json_name: str) -> None
 
 def _accuracy(case: dict[str, Any]) -> Any:
     """What a case records of its numbers' accuracy, whichever kind of case it is."""
-    for name in ("errors_vs_float64", "forces_vs_cueq", "messages_vs_cueq_table"):
+    for name in ("errors_vs_float64", "forces_vs_cueq", "messages_vs_cueq_table", "vs_threads128"):
         if case.get(name) is not None:
             return case[name]
     return None

@@ -77,8 +77,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 76  # the BF16 tier: tests, accuracy, speed
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 77  # start-up compiled ahead of time; stage 70's failures
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 78  # stage 75; the product basis at 13,824
-#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 79  # stage 78's remainder: conv at 13,824
-#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 80  # stage 77's five GPU tests again
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 79  # conv at 1,728 and 13,824, tiles of 1-4 warps
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 80  # conv GPU test; stage 77's five GPU tests again
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 81  # compiled start-up: torch.compile, then AOT
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 82  # a million atoms' set-up (H200 only)
 #
@@ -1160,18 +1160,20 @@ mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-bf16
   product_kernels 150 13824
   ;;
 79)
-  # What stage 78 left (H100): the convolution's GPU test ran out of 120 s (many kernels
-  # generated and compiled per coupling and dtype on a fresh machine), and 13,824 atoms ran out
-  # of memory in the float64 reference (now taken in chunks of edges).
-  gpu_tests 79 300 "$tests/test_fused_conv.py"
-  timeout 200 python3 benchmarks/conv_kernels.py --atoms 13824 --out "$OUT/conv" \
+  # What stage 78 left (H100): 13,824 atoms ran out of memory in the float64 reference (now
+  # taken in chunks of edges). The kernels are also timed alone with programs of 32, 64 and
+  # 128 channels (conv_kernels.thread_cases: dL/dY's per-edge sums inside one warp or across
+  # four), at 1,728 and 13,824 atoms.
+  timeout 330 python3 benchmarks/conv_kernels.py --atoms 1728,13824 --out "$OUT/conv" \
     > "$OUT/conv_kernels.log" 2>&1
   echo "convolution kernels: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log" | cut -c1-200
   ;;
 80)
-  # Stage 79's second half, in a command of its own (the two together could run past the
-  # device's 10 minutes): stage 77's five GPU tests, which closes issue 32's before-and-after.
+  # The convolution's GPU test (it ran out of 120 s in stage 78: many kernels generated and
+  # compiled per coupling and dtype on a fresh machine), then stage 77's five GPU tests, which
+  # close issue 32's before-and-after.
+  gpu_tests 80a 280 "$tests/test_fused_conv.py"
   gpu_tests 80 240 "$tests/test_dispersion_triton.py" "$tests/test_engine_gpu.py" \
     "$tests/test_quiet_run.py" -k "hybrid or fused or triton"
   ;;
