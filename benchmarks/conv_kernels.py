@@ -12,7 +12,7 @@ cuEquivariance, the mirrored edges and per-pair radial weights the engine gives 
 * the block's radial table and convolution together, from the pairs' lengths: the table then
   cuEquivariance's convolution, against FastMACE's convolution reading the table itself
   (dynamics/table_conv.py), with the difference of their messages;
-* FastMACE's kernels alone with programs of 32, 64 and 128 channels (one to four warps);
+* FastMACE's kernels alone with other launches (one warp or four, 1 to 8 edges per step);
 * then the whole potential (energy and forces; radial tables as the default path has them)
   with either convolution, captured in a CUDA graph and replayed (ms per evaluation), and the
   forces' difference.
@@ -229,7 +229,7 @@ def convolution_cases(model_name: str, atoms: int, loaded: Any) -> list[dict[str
                     strict=True)),
             })  # fmt: skip
         cases += table_cases(model_name, atoms, potential, index, inputs, theirs, ours, generator)
-        cases += thread_cases(model_name, atoms, index, inputs, ours, generator)
+        cases += launch_cases(model_name, atoms, index, inputs, ours, generator)
     return cases + potential_cases(model_name, atoms, loaded, state, edges)
 
 
@@ -257,17 +257,20 @@ def table_cases(model_name: str, atoms: int, potential: Potential, index: int, i
     } for path, timing in timings.items()]  # fmt: skip
 
 
-THREAD_VARIANTS = (32, 64, 128)
+# (channels per program, edges per iteration): what the module runs (128, 1) first.
+LAUNCH_VARIANTS = ((128, 1), (32, 1), (128, 4), (128, 8), (32, 4))
 
 
-def thread_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: FusedConvolution,
+def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: FusedConvolution,
                  generator: torch.Generator) -> list[dict[str, Any]]:  # fmt: skip
-    """FastMACE's forward and backward kernels called directly, with programs of 32, 64 and
-    128 channels (one, two and four warps; 128 is what the module runs). The backward sums
-    dL/dY over the program's channels for every edge, sixteen sums per edge: across four warps
-    each goes through shared memory and a barrier, inside one warp it does not, at the cost of
-    four programs per atom each reading the atom's edges. Each variant's results against the
-    128-channel ones (the partial sums are added in another order)."""
+    """FastMACE's forward and backward kernels called directly with other launches: programs
+    of 32 channels (one warp) as well as 128 (four), and 1, 4 or 8 of the atom's edges per
+    iteration. Each program walks its atom's edges as a chain of dependent loads, and the
+    backward sums dL/dY over its channels for every edge (sixteen sums per edge, each through
+    shared memory and a barrier across four warps, inside a warp with one): more programs per
+    atom or more edges per iteration put more of that chain in flight, and edges taken
+    together share each sum's barrier (docs/design/convolution.md). Each variant's results
+    against the module's launch (the partial sums are added in another order)."""
     if DEVICE != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return []  # the kernels run on CUDA, or in Triton's interpreter (a smoke test)
     from fastmace.dynamics import conv_triton
@@ -281,32 +284,34 @@ def thread_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: Fu
     receiver_runs = conv_triton.runs(edge_index[1], count)
     sender_runs = conv_triton.runs(edge_index[0], count)
     found, cases = {}, []
-    for threads in THREAD_VARIANTS:
+    for threads, step in LAUNCH_VARIANTS:
 
-        def forward(threads: int = threads) -> torch.Tensor:
+        def forward(threads: int = threads, step: int = step) -> torch.Tensor:
             return conv_triton.forward(
                 ours.key, features, harmonics, weights, ours.coefficients, edge_index[0],
-                receiver_runs, ours.skip, threads,
+                receiver_runs, ours.skip, threads, step,
             )  # fmt: skip
 
-        def backward(threads: int = threads) -> tuple[torch.Tensor, ...]:
-            return conv_triton.backward(ours.key, grad, features, harmonics, weights,
-                                        ours.coefficients, edge_index, receiver_runs,
-                                        sender_runs, ours.skip, threads)  # fmt: skip
+        def backward(threads: int = threads, step: int = step) -> tuple[torch.Tensor, ...]:
+            return conv_triton.backward(
+                ours.key, grad, features, harmonics, weights, ours.coefficients, edge_index,
+                receiver_runs, sender_runs, ours.skip, threads, step,
+            )  # fmt: skip
 
         forward_times, backward_times = timed_ms(forward), timed_ms(backward)
-        found[threads] = [forward(), *backward()]
+        found[threads, step] = [forward(), *backward()]
         cases.append({
             "model": model_name, "atoms": atoms, "path": "convolution",
-            "variant": f"fastmace-threads{threads}-block{index}", "status": "ok",
+            "variant": f"fastmace-threads{threads}-step{step}-block{index}", "status": "ok",
             "ms_per_step": forward_times["kernel_ms"] + backward_times["kernel_ms"],
             "forward_ms": forward_times["kernel_ms"], "backward_ms": backward_times["kernel_ms"],
-            "wall_ms": forward_times["wall_ms"] + backward_times["wall_ms"], "threads": threads,
+            "wall_ms": forward_times["wall_ms"] + backward_times["wall_ms"],
+            "threads": threads, "step": step,
         })  # fmt: skip
-    reference = found[THREAD_VARIANTS[-1]]
+    reference = found[LAUNCH_VARIANTS[0]]
     for case in cases:
-        pairs = zip(found[case["threads"]], reference, strict=True)
-        case["vs_threads128"] = max(relative(got, want.double()) for got, want in pairs)
+        pairs = zip(found[case["threads"], case["step"]], reference, strict=True)
+        case["vs_module_launch"] = max(relative(got, want.double()) for got, want in pairs)
     return cases
 
 
@@ -370,7 +375,12 @@ def kernel_benchmark(doc: str, cases_of: Any, path: str, json_name: str) -> None
 
 def _accuracy(case: dict[str, Any]) -> Any:
     """What a case records of its numbers' accuracy, whichever kind of case it is."""
-    for name in ("errors_vs_float64", "forces_vs_cueq", "messages_vs_cueq_table", "vs_threads128"):
+    for name in (
+        "errors_vs_float64",
+        "forces_vs_cueq",
+        "messages_vs_cueq_table",
+        "vs_module_launch",
+    ):
         if case.get(name) is not None:
             return case[name]
     return None

@@ -77,7 +77,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 76  # the BF16 tier: tests, accuracy, speed
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 77  # start-up compiled ahead of time; stage 70's failures
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 78  # stage 75; the product basis at 13,824
-#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 79  # conv at 1,728 and 13,824, tiles of 1-4 warps
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 79  # conv at 1,728 and 13,824, other launches
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 80  # conv GPU test; stage 77's five GPU tests again
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 81  # compiled start-up: torch.compile, then AOT
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 82  # a million atoms' set-up (H200 only)
@@ -1161,10 +1161,10 @@ mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-bf16
   ;;
 79)
   # What stage 78 left (H100): 13,824 atoms ran out of memory in the float64 reference (now
-  # taken in chunks of edges). The kernels are also timed alone with programs of 32, 64 and
-  # 128 channels (conv_kernels.thread_cases: dL/dY's per-edge sums inside one warp or across
-  # four), at 1,728 and 13,824 atoms.
-  timeout 330 python3 benchmarks/conv_kernels.py --atoms 1728,13824 --out "$OUT/conv" \
+  # taken in chunks of edges). The kernels are also timed alone with other launches
+  # (conv_kernels.launch_cases: programs of one warp or four, 1 to 8 edges per iteration), at
+  # 1,728 and 13,824 atoms.
+  timeout 420 python3 benchmarks/conv_kernels.py --atoms 1728,13824 --out "$OUT/conv" \
     > "$OUT/conv_kernels.log" 2>&1
   echo "convolution kernels: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log" | cut -c1-200

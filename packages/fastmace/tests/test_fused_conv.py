@@ -249,46 +249,50 @@ for name in ("tiny", "mp0-medium"):
     d1, d2, d3 = coupling["coefficients"].shape
     channels, paths = coupling["channels"], int(coupling["path_of"].max()) + 1
     key = conv_codegen.register(coupling["coefficients"], coupling["path_of"])
-    for dtype in (torch.float64, torch.float32):
-        # Plain rows with no padding atom; pair rows (E/2) with one, as a Potential has.
-        for skip, halves in ((0, 1), (1, 2)):
-            atoms, edges = 9, 60
-            draw = lambda *shape: torch.randn(shape, generator=generator, dtype=dtype)
-            x, y = draw(atoms, d1, channels), draw(edges, d2)
-            w, g = draw(edges // halves, paths, channels), draw(atoms, d3, channels)
-            index = torch.randint(0, atoms - skip, (2, edges), generator=generator)
-            index[:, edges // 2 - 3 : edges // 2] = atoms - 1 if skip else index[:, :3]
-            index[:, edges - 3 :] = atoms - 1 if skip else index[:, 3:6]
-            x, y, w, g, index = (t.to({device!r}) for t in (x, y, w, g, index))
-            t = coupling["coefficients"].to({device!r}, dtype)
-            paths_of = coupling["path_of"].to({device!r})
-            receiver_runs = conv_triton.runs(index[1], atoms)
-            want = [convolve_reference(x, y, w, t, paths_of, index, skip)]
-            got = [conv_triton.forward(key, x, y, w, t, index[0], receiver_runs, skip)]
-            want += convolve_backward_reference(g, x, y, w, t, paths_of, index, skip)
-            got += conv_triton.backward(key, g, x, y, w, t, index, receiver_runs,
-                                        conv_triton.runs(index[0], atoms), skip)
-            report[f"{{name}} {{dtype}} skip={{skip}} rows=E/{{halves}}"] = [
+    for step in (1, 4):  # edges per iteration: as first measured, and four with a tail
+        for dtype in (torch.float64, torch.float32):
+            # Plain rows with no padding atom; pair rows (E/2) with one, as a Potential has.
+            for skip, halves in ((0, 1), (1, 2)):
+                atoms, edges = 9, 60
+                draw = lambda *shape: torch.randn(shape, generator=generator, dtype=dtype)
+                x, y = draw(atoms, d1, channels), draw(edges, d2)
+                w, g = draw(edges // halves, paths, channels), draw(atoms, d3, channels)
+                index = torch.randint(0, atoms - skip, (2, edges), generator=generator)
+                index[:, edges // 2 - 3 : edges // 2] = atoms - 1 if skip else index[:, :3]
+                index[:, edges - 3 :] = atoms - 1 if skip else index[:, 3:6]
+                x, y, w, g, index = (t.to({device!r}) for t in (x, y, w, g, index))
+                t = coupling["coefficients"].to({device!r}, dtype)
+                paths_of = coupling["path_of"].to({device!r})
+                receiver_runs = conv_triton.runs(index[1], atoms)
+                want = [convolve_reference(x, y, w, t, paths_of, index, skip)]
+                got = [conv_triton.forward(key, x, y, w, t, index[0], receiver_runs, skip,
+                                           step=step)]
+                want += convolve_backward_reference(g, x, y, w, t, paths_of, index, skip)
+                got += conv_triton.backward(key, g, x, y, w, t, index, receiver_runs,
+                                            conv_triton.runs(index[0], atoms), skip, step=step)
+                report[f"{{name}} {{dtype}} step={{step}} skip={{skip}} rows=E/{{halves}}"] = [
+                    float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)
+                ]
+            # The weights read from a radial table inside the kernels, as a Potential runs them
+            # (pair rows, a padding atom); lengths from 0 to past the table's end.
+            intervals, spacing = 8, 0.5
+            table = draw(intervals, 4, paths * channels).to({device!r})
+            inverse = torch.tensor(1 / spacing, dtype=dtype, device={device!r})
+            lengths = torch.rand(edges // 2, generator=generator, dtype=torch.float64)
+            lengths = (lengths * intervals * spacing * 1.1).to({device!r}, dtype)
+            inputs = (lengths, table, inverse, t)
+            want = [table_conv(x, y, *inputs, paths_of, index, skip, key)]
+            want += table_conv_backward(g, x, y, *inputs, paths_of, index, skip, key)
+            got = [conv_triton.forward_from_table(key, x, y, *inputs, index[0], receiver_runs,
+                                                  skip, step=step)]
+            *grads, per_edge = conv_triton.backward_from_table(
+                key, g, x, y, *inputs, index, receiver_runs, conv_triton.runs(index[0], atoms),
+                skip, step=step,
+            )
+            got += [*grads, per_edge.view(2, -1).sum(0)]
+            report[f"{{name}} {{dtype}} step={{step}} table"] = [
                 float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)
             ]
-        # The weights read from a radial table inside the kernels, as a Potential runs them
-        # (pair rows, a padding atom); lengths from 0 to past the table's end.
-        intervals, spacing = 8, 0.5
-        table = draw(intervals, 4, paths * channels).to({device!r})
-        inverse = torch.tensor(1 / spacing, dtype=dtype, device={device!r})
-        lengths = torch.rand(edges // 2, generator=generator, dtype=torch.float64)
-        lengths = (lengths * intervals * spacing * 1.1).to({device!r}, dtype)
-        inputs = (lengths, table, inverse, t)
-        want = [table_conv(x, y, *inputs, paths_of, index, skip, key)]
-        want += table_conv_backward(g, x, y, *inputs, paths_of, index, skip, key)
-        got = [conv_triton.forward_from_table(key, x, y, *inputs, index[0], receiver_runs, skip)]
-        *grads, per_edge = conv_triton.backward_from_table(
-            key, g, x, y, *inputs, index, receiver_runs, conv_triton.runs(index[0], atoms), skip
-        )
-        got += [*grads, per_edge.view(2, -1).sum(0)]
-        report[f"{{name}} {{dtype}} table"] = [
-            float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)
-        ]
 print(json.dumps(report))
 """
 
@@ -308,7 +312,8 @@ def compare(env: dict[str, str], device: str, directory: Path) -> dict[str, list
 
 
 def assert_kernels_agree(report: dict[str, list[float]]) -> None:
-    assert len(report) == 12  # 2 couplings x 2 dtypes x (2 kinds of rows + the table)
+    # 2 couplings x 2 edges per step x 2 dtypes x (2 kinds of rows + the table)
+    assert len(report) == 24
     for case, errors in report.items():
         rounding = 1e-5 if "float32" in case else 1e-13  # summation order
         assert len(errors) == 4 and all(error <= rounding for error in errors), (case, errors)
@@ -318,9 +323,11 @@ def test_the_kernels_match_the_torch_formulas_in_the_interpreter(clean_env, tmp_
     assert_kernels_agree(compare({**clean_env, "TRITON_INTERPRET": "1"}, "cpu", tmp_path))
 
 
-def test_the_kernels_compile_for_hopper(monkeypatch):
+@pytest.mark.parametrize("step", [1, 4])
+def test_the_kernels_compile_for_hopper(monkeypatch, step):
     """Triton's whole pipeline down to an sm_90 cubin for MP-0 medium's second block: the
-    kernels generated for its coupling (float32, coefficients in the code) and the others."""
+    kernels generated for its coupling (float32, coefficients in the code) and the others,
+    taking one edge and four edges per iteration."""
     from fastmace.dynamics import conv_codegen, kernel_sources
     from fastmace.dynamics import conv_triton as kernels
 
@@ -343,8 +350,10 @@ def test_the_kernels_compile_for_hopper(monkeypatch):
     index = torch.zeros(2, edges, dtype=torch.int64)
     runs = kernels.runs(index[1], atoms)
     try:
-        kernels.forward(key, x, y, w, t, index[0], runs, 1)
-        kernels.backward(key, torch.zeros(atoms, d3, c), x, y, w, t, index, runs, runs, 1)
+        kernels.forward(key, x, y, w, t, index[0], runs, 1, step=step)
+        kernels.backward(
+            key, torch.zeros(atoms, d3, c), x, y, w, t, index, runs, runs, 1, step=step
+        )
     finally:
         kernel_sources.forget(conv_codegen.module_name(key, literal=True))  # not kernels now
     assert compiled == ["_forward", "_backward", "_sum_by_sender", "_zero_skipped_edges"]

@@ -121,43 +121,52 @@ class _Writer:
         return sorted({self.path_of[k] for k in self.outputs})
 
     def edge(self, table: bool, slopes: bool = False) -> list[str]:
-        """The loop over the atom's incoming edges and, per edge, its inputs and the m_ik.
-        ``table``: the weights (and with ``slopes`` their h dw/dr) interpolated from the
-        radial table at the edge's length, as radial_table._evaluate does."""
+        """The loop over the atom's incoming edges, STEP at a time, and per step its inputs
+        and the m_ik: per-edge values are (STEP,) vectors, per-edge-and-channel ones (STEP,
+        CHANNELS) tiles, and lanes past the atom's last edge are masked (their loads give
+        zeros). ``table``: the weights (and with ``slopes`` their h dw/dr) interpolated from
+        the radial table at the edge's length, as radial_table._evaluate does."""
         indent = " " * 12
         lines = [
-            "    for pos in range(tl.load(starts + atom), tl.load(starts + atom + 1)):",
-            "        edge = tl.load(order + pos).to(tl.int64)",
-            "        source = tl.load(sender + edge).to(tl.int64)",
+            "    lane = tl.arange(0, STEP)",
+            "    end = tl.load(starts + atom + 1)",
+            "    for first in range(tl.load(starts + atom), end, STEP):",
+            "        pos = first + lane",
+            "        live = pos < end",
+            "        both = live[:, None] & ok[None, :]",
+            "        edge = tl.load(order + pos, mask=live, other=0).to(tl.int64)",
+            "        source = tl.load(sender + edge, mask=live, other=0).to(tl.int64)",
             *[
-                f"        y{j} = tl.load(harmonics + edge * {self.d2} + {j})"
+                f"        y{j} = tl.load(harmonics + edge * {self.d2} + {j}, mask=live, other=0.0)"
                 for j in self.harmonics
             ],
             *[
-                f"        x{i} = tl.load(features + (source * {self.d1} + {i}) * channels + c, "
-                "mask=ok, other=0.0)"
+                f"        x{i} = tl.load(features + (source[:, None] * {self.d1} + {i}) * channels "
+                "+ c[None, :], mask=both, other=0.0)"
                 for i in self.inputs
             ],
         ]
         if not table:
             lines.append(f"        row = (edge % weight_rows) * {self.paths}")
             lines += [
-                f"        w{p} = tl.load(weights + (row + {p}) * channels + c, mask=ok, other=0.0)"
+                f"        w{p} = tl.load(weights + (row[:, None] + {p}) * channels + c[None, :], "
+                "mask=both, other=0.0)"
                 for p in self.used_paths()
             ]
         else:
             width = f"{self.paths} * channels"
             lines += [
-                "        x = tl.load(lengths + edge % weight_rows) * inverse_spacing",
-                "        inside = x < intervals",
+                "        x = tl.load(lengths + edge % weight_rows, mask=live, other=0.0) "
+                "* inverse_spacing",
+                "        inside = (x < intervals)[:, None]",
                 "        k = tl.minimum(tl.maximum(tl.floor(x), 0.0), last)",
-                "        t = tl.minimum(tl.maximum(x - k, 0.0), 1.0)",
-                f"        cubic = table + k.to(tl.int64) * 4 * {width} + c",
+                "        t = tl.minimum(tl.maximum(x - k, 0.0), 1.0)[:, None]",
+                f"        cubic = table + k.to(tl.int64)[:, None] * 4 * {width} + c[None, :]",
             ]
             for p in self.used_paths():
                 lines += [
-                    f"        a{q}_{p} = tl.load(cubic + {q} * {width} + {p} * channels, mask=ok, "
-                    "other=0.0)"
+                    f"        a{q}_{p} = tl.load(cubic + {q} * {width} + {p} * channels, "
+                    "mask=both, other=0.0)"
                     for q in range(4)
                 ]
                 lines.append(
@@ -171,7 +180,8 @@ class _Writer:
                     )
         for i, k in self.pairs:
             parts = [f"{self.coefficient(e)} * y{e.j}" for e in self.by_pair[i, k]]
-            lines.append(f"        m{i}_{k} = {kernel_sources.joined_sum(parts, indent)}")
+            value = kernel_sources.joined_sum(parts, indent)
+            lines.append(f"        m{i}_{k} = ({value})[:, None]")
         return lines
 
     def u(self, k: int) -> str:
@@ -205,6 +215,8 @@ def kernel_source(coefficients: torch.Tensor, path_of: torch.Tensor, literal: bo
 
 
 _ZEROS = "tl.zeros([CHANNELS], dtype={}.dtype.element_ty)"
+_TILE_ZEROS = "tl.zeros([STEP, CHANNELS], dtype={}.dtype.element_ty)"
+_STEP_ZEROS = "tl.zeros([STEP], dtype={}.dtype.element_ty)"
 
 
 def _forward(write: _Writer, table: bool) -> list[str]:
@@ -214,12 +226,15 @@ def _forward(write: _Writer, table: bool) -> list[str]:
     return [
         "@triton.jit",
         f"def {name}(features, harmonics, {reads}, coefficients, sender, order, starts, out,",
-        f"        channels, weight_rows{extra}, CHANNELS: tl.constexpr):",
+        f"        channels, weight_rows{extra}, CHANNELS: tl.constexpr, STEP: tl.constexpr):",
         *write.prologue(),
         *(_TABLE_PROLOGUE if table else []),
         *[f"    o{k} = {_ZEROS.format('out')}" for k in write.outputs],
         *write.edge(table),
-        *[f"        o{k} += w{write.path_of[k]} * {write.u(k)}" for k in write.outputs],
+        *[
+            f"        o{k} += tl.sum(w{write.path_of[k]} * {write.u(k)}, axis=0)"
+            for k in write.outputs
+        ],
         *[
             f"    tl.store(out + (atom * {d3} + {k}) * channels + c, "
             f"{f'o{k}' if k in write.outputs else _ZEROS.format('out')}, mask=ok)"
@@ -240,13 +255,14 @@ def _backward(write: _Writer, table: bool) -> list[str]:
         "@triton.jit",
         f"def {name}(grad, features, harmonics, {reads}, coefficients, sender, order, starts,",
         f"        {gradient}, grad_harmonics, shares, channels, weight_rows{extra},",
-        "        CHANNELS: tl.constexpr):",
+        "        CHANNELS: tl.constexpr, STEP: tl.constexpr):",
         *write.prologue(),
         *(_TABLE_PROLOGUE if table else []),
         "    tile = tl.program_id(1)",
         "    tiles = tl.num_programs(1)",
         *[
-            f"    g{k} = tl.load(grad + (atom * {d3} + {k}) * channels + c, mask=ok, other=0.0)"
+            f"    g{k} = tl.load(grad + (atom * {d3} + {k}) * channels + c, mask=ok, "
+            "other=0.0)[None, :]"
             for k in write.outputs
         ],
         *write.edge(table, slopes=True),
@@ -263,21 +279,22 @@ def _backward(write: _Writer, table: bool) -> list[str]:
                 slope_terms.append(f"({value}) * s{p}")
             continue
         lines.append(
-            f"        tl.store(grad_weights + (edge * {paths} + {p}) * channels + c, "
-            f"{value or _ZEROS.format('grad')}, mask=ok)"
+            f"        tl.store(grad_weights + (edge[:, None] * {paths} + {p}) * channels "
+            f"+ c[None, :], {value or _TILE_ZEROS.format('grad')}, mask=both)"
         )
     if table:
-        total = kernel_sources.joined_sum(slope_terms, indent) or "0.0 * x"
-        lines.append(
-            f"        tl.store(grad_lengths + edge * tiles + tile, "
-            f"tl.sum({total}, axis=0) * inverse_spacing)"
+        total = kernel_sources.joined_sum(slope_terms, indent)
+        value = (
+            f"tl.sum({total}, axis=1) * inverse_spacing" if total else _STEP_ZEROS.format("grad")
         )
+        lines.append(f"        tl.store(grad_lengths + edge * tiles + tile, {value}, mask=live)")
     lines += [f"        gw{k} = g{k} * w{write.path_of[k]}" for k in write.outputs]
     for i in range(d1):  # the sender's share: h_i = sum_k m_ik g_k w_k
         terms = [f"m{i}_{k} * gw{k}" for k in write.outputs if (i, k) in write.by_pair]
-        value = kernel_sources.joined_sum(terms, indent) or _ZEROS.format("grad")
+        value = kernel_sources.joined_sum(terms, indent) or _TILE_ZEROS.format("grad")
         lines.append(
-            f"        tl.store(shares + (edge * {d1} + {i}) * channels + c, {value}, mask=ok)"
+            f"        tl.store(shares + (edge[:, None] * {d1} + {i}) * channels + c[None, :], "
+            f"{value}, mask=both)"
         )
     lines += [f"        p{i}_{k} = x{i} * gw{k}" for i, k in write.pairs]
     by_harmonic: dict[int, list[str]] = defaultdict(list)
@@ -285,11 +302,12 @@ def _backward(write: _Writer, table: bool) -> list[str]:
         by_harmonic[entry.j].append(f"{write.coefficient(entry)} * p{entry.i}_{entry.k}")
     for j in range(d2):
         value = (
-            f"tl.sum({kernel_sources.joined_sum(by_harmonic[j], indent)}, axis=0)"
+            f"tl.sum({kernel_sources.joined_sum(by_harmonic[j], indent)}, axis=1)"
             if by_harmonic[j]
-            else "0.0"
+            else _STEP_ZEROS.format("grad")
         )
         lines.append(
-            f"        tl.store(grad_harmonics + (edge * tiles + tile) * {d2} + {j}, {value})"
+            f"        tl.store(grad_harmonics + (edge * tiles + tile) * {d2} + {j}, {value}, "
+            "mask=live)"
         )
     return lines

@@ -49,6 +49,10 @@ import triton.language as tl
 from fastmace.dynamics import conv_codegen
 
 THREADS = 128  # channels per program, one per thread: 4 warps
+# An atom's edges taken this many at a time by each iteration of the generated kernels (a
+# power of two): more loads in flight per program, and dL/dY's sums over the channels made for
+# all of them at once. 1, as first measured, until the GPU says otherwise (stage 79).
+STEP = 1
 EDGES = 128  # edges per program of the zeroing kernel
 
 
@@ -94,17 +98,19 @@ def runs(index: torch.Tensor, atoms: int) -> tuple[torch.Tensor, torch.Tensor]:
     return order, torch.searchsorted(index[order], bounds)
 
 
-def _launch(key: str, features: torch.Tensor, threads: int) -> tuple[ModuleType, int, dict]:
+def _launch(
+    key: str, features: torch.Tensor, threads: int, step: int = STEP
+) -> tuple[ModuleType, int, dict]:
     """The generated kernels for the features' dtype, the channel tiles per atom and the
     launch's tile: all of an atom's channels in one program where they fit in ``threads`` (a
-    power of two from 32), one channel per thread."""
+    power of two from 32), one channel per thread, ``step`` edges per iteration."""
     channels = features.shape[2]
     width = min(threads, triton.next_power_of_2(channels))
     module = conv_codegen.kernels(key, literal=features.dtype == torch.float32)
     return (
         module,
         triton.cdiv(channels, width),
-        {"CHANNELS": width, "num_warps": max(1, width // 32)},
+        {"CHANNELS": width, "STEP": step, "num_warps": max(1, width // 32)},
     )
 
 
@@ -118,11 +124,12 @@ def forward(
     receiver_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
     threads: int = THREADS,
+    step: int = STEP,
 ) -> torch.Tensor:
     """(N, D1, C) features -> (N, D3, C) messages summed over each atom's incoming edges,
     with the kernels of the coupling registered under ``key`` (``coefficients`` is its T)."""
     return _forward("_forward", (weights,), weights.shape[0], (), key, features, harmonics,
-                    coefficients, sender, receiver_runs, skip, threads)  # fmt: skip
+                    coefficients, sender, receiver_runs, skip, threads, step)  # fmt: skip
 
 
 def forward_from_table(
@@ -137,12 +144,13 @@ def forward_from_table(
     receiver_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
     threads: int = THREADS,
+    step: int = STEP,
 ) -> torch.Tensor:
     """:func:`forward` with each edge's weights interpolated from a radial table (N, 4, P*C;
     radial_table.py) at ``lengths`` (rows,), edge e reading row e mod rows."""
     return _forward("_forward_table", (lengths, table, inverse_spacing), lengths.shape[0],
                     (table.shape[0],), key, features, harmonics, coefficients, sender,
-                    receiver_runs, skip, threads)  # fmt: skip
+                    receiver_runs, skip, threads, step)  # fmt: skip
 
 
 def _forward(
@@ -158,6 +166,7 @@ def _forward(
     receiver_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
     threads: int,
+    step: int,
 ) -> torch.Tensor:
     atoms, _, channels = features.shape
     out = torch.empty((atoms, coefficients.shape[2], channels), dtype=features.dtype,
@@ -165,7 +174,7 @@ def _forward(
     if skip:
         out[atoms - skip :].zero_()
     if atoms - skip > 0:
-        module, tiles, tile = _launch(key, features, threads)
+        module, tiles, tile = _launch(key, features, threads, step)
         order, starts = receiver_runs
         getattr(module, kernel)[(atoms - skip, tiles)](
             features, harmonics, *reads, coefficients, sender, order, starts, out, channels,
@@ -186,13 +195,14 @@ def backward(
     sender_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
     threads: int = THREADS,
+    step: int = STEP,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dL/d(features) (N, D1, C), dL/d(harmonics) (E, D2), dL/dw per edge (E, P, C)."""
     edges, paths, channels = harmonics.shape[0], weights.shape[1], features.shape[2]
     grad_weights = torch.empty((edges, paths, channels), dtype=grad.dtype, device=grad.device)
     grad_features, grad_harmonics = _backward(
         "_backward", (weights,), weights.shape[0], (), grad_weights, key, grad, features,
-        harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip, threads,
+        harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip, threads, step,
     )  # fmt: skip
     return grad_features, grad_harmonics, grad_weights
 
@@ -211,16 +221,17 @@ def backward_from_table(
     sender_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
     threads: int = THREADS,
+    step: int = STEP,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dL/d(features) (N, D1, C), dL/d(harmonics) (E, D2), dL/d(length) per edge (E,): the
     weights' gradient meets the table's slope inside the kernel and is never written."""
     edges = harmonics.shape[0]
-    _, tiles, _ = _launch(key, features, threads)
+    _, tiles, _ = _launch(key, features, threads, step)
     partial = torch.empty((edges, tiles), dtype=grad.dtype, device=grad.device)
     grad_features, grad_harmonics = _backward(
         "_backward_table", (lengths, table, inverse_spacing), lengths.shape[0],
         (table.shape[0],), partial, key, grad, features, harmonics, coefficients, edge_index,
-        receiver_runs, sender_runs, skip, threads,
+        receiver_runs, sender_runs, skip, threads, step,
     )  # fmt: skip
     return grad_features, grad_harmonics, partial.sum(dim=1)
 
@@ -241,12 +252,13 @@ def _backward(
     sender_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
     threads: int,
+    step: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernels of either backward; ``per_edge`` (E, ...) receives the radial gradient."""
     atoms, d1, channels = features.shape
     edges, d2 = harmonics.shape
     device, dtype = features.device, features.dtype
-    module, tiles, tile = _launch(key, features, threads)
+    module, tiles, tile = _launch(key, features, threads, step)
     partial_harmonics = torch.empty((edges, tiles, d2), dtype=dtype, device=device)
     shares = torch.empty((edges, d1, channels), dtype=dtype, device=device)
     grad_features = torch.empty_like(features)
@@ -261,7 +273,8 @@ def _backward(
         )  # fmt: skip
         _sum_by_sender[(atoms - skip, tiles)](
             shares, receiver, atoms - skip, sender_runs[0], sender_runs[1], grad_features,
-            channels, D1=d1, D1P=triton.next_power_of_2(d1), **tile,
+            channels, D1=d1, D1P=triton.next_power_of_2(d1), CHANNELS=tile["CHANNELS"],
+            num_warps=tile["num_warps"],
         )  # fmt: skip
     if skip and edges:
         _zero_skipped_edges[(triton.cdiv(edges, EDGES),)](
