@@ -11,8 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ase
+import ase.build
 import pytest
 from conftest import EXAMPLE, run_fastmace, run_python, tree
+
+from fastmace.structures import chemical_formula
 
 SHORT = ["--temperature", "300", "--steps", "2"]
 
@@ -303,3 +307,18 @@ def test_bad_variables_refuse_the_run_with_their_name(clean_env, tmp_path, name,
     assert not (tmp_path / "run").exists()
     imported = run_python("import fastmace; print(fastmace.runtime_info().lock_mode)", clean_env)
     assert imported.returncode == 0 and "Traceback" not in imported.stderr
+
+
+@pytest.mark.parametrize(
+    "atoms",
+    [
+        ase.build.molecule("CH3CH2OH"),  # Hill order: C, then H, then the rest alphabetically
+        ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat(2),
+        ase.build.bulk("Cu", "fcc", a=3.6).repeat((3, 1, 1)),
+        ase.Atoms("BrCH3"),  # CH3Br in Hill order, BrCH3 alphabetically
+        ase.Atoms("OH2ClNa"),  # no carbon: alphabetical, H among the others
+    ],
+    ids=["ethanol", "nacl", "copper", "bromomethane", "no-carbon"],
+)
+def test_the_formula_from_element_counts_is_ases(atoms):
+    assert chemical_formula(atoms) == atoms.get_chemical_formula()

@@ -32,6 +32,7 @@ from fastmace.io.plot import INSTALL_HINT, can_plot
 from fastmace.oeq import host_extension
 from fastmace.runtime import environment
 from fastmace.runtime.driver import nvidia_driver_version
+from fastmace.structures import chemical_formula
 
 if TYPE_CHECKING:
     from fastmace.dynamics.potential import Potential
@@ -168,7 +169,7 @@ def structures_record(
     long-range model ran it with (None for a local model)."""
     return [
         {
-            "formula": atoms.get_chemical_formula(),
+            "formula": chemical_formula(atoms),
             "atoms": len(atoms),
             "cell": np.asarray(atoms.get_cell()).tolist(),
             "pbc": [bool(p) for p in atoms.get_pbc()],
@@ -439,7 +440,7 @@ def run_report(run: RunRecord, result: MDResult) -> str:
     """One screen: model, structure, run, engine, gate, speed, final state, output."""
     model, settings, engine = run.model, run.settings, run.engine
     neighbours = engine.force_field.neighbours
-    formulas = ", ".join(f"{a.get_chemical_formula()} ({len(a)} atoms)" for a in run.structures[:4])
+    formulas = ", ".join(f"{chemical_formula(a)} ({len(a)} atoms)" for a in run.structures[:4])
     if len(run.structures) > 4:
         formulas += f" and {len(run.structures) - 4} more"
     graphs = "CUDA graphs" if engine.capture else "no CUDA graphs"

@@ -33,6 +33,7 @@ from fastmace.dynamics.state import State
 from fastmace.models.load import LoadedModel
 from fastmace.planner import EngineSettings, Plan, engine_settings_for
 from fastmace.runtime.atomic import atomic_write_text
+from fastmace.structures import chemical_formula
 
 # The files of a relaxation's output directory.
 RELAXED = "relaxed.extxyz"
@@ -67,7 +68,7 @@ class RelaxResult:
         for index, atoms in enumerate(self.structures):
             state = "converged" if self.converged[index] else "NOT converged"
             lines.append(
-                f"system {index} ({atoms.get_chemical_formula()}): {state} after "
+                f"system {index} ({chemical_formula(atoms)}): {state} after "
                 f"{self.iterations[index]} iterations, E = {self.energies_eV[index]:.6f} eV, "
                 f"fmax = {self.fmax_eV_per_A[index]:.4f} eV/Å"
             )

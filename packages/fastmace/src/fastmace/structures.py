@@ -15,6 +15,9 @@ from pathlib import Path
 
 import ase
 import ase.io
+import numpy as np
+from ase.data import chemical_symbols
+from ase.formula import Formula
 from ase.io.formats import UnknownFileTypeError
 
 Structure = ase.Atoms | Sequence[ase.Atoms] | str | os.PathLike[str]
@@ -23,6 +26,14 @@ _FORMATS_HINT = (
     "give a file in a format ASE reads, named with that format's usual extension (.extxyz, "
     ".xyz, .cif, .vasp or POSCAR, .traj, ...; `ase info --formats` lists them)"
 )
+
+
+def chemical_formula(atoms: ase.Atoms) -> str:
+    """``atoms.get_chemical_formula()`` (Hill order) from the counts of each element: ASE
+    writes out and parses one symbol per atom, 0.26 s for a million atoms."""
+    numbers, counts = np.unique(atoms.get_atomic_numbers(), return_counts=True)
+    elements = {chemical_symbols[z]: int(n) for z, n in zip(numbers, counts, strict=True)}
+    return Formula.from_dict(elements).format("hill")
 
 
 class StructureFileError(ValueError):

@@ -33,6 +33,7 @@ from fastmace.models.backends import precision_loosening, rounding_tolerances
 from fastmace.models.load import LoadedModel
 from fastmace.runtime.cache import scratch_dir
 from fastmace.runtime.environment import child_environment
+from fastmace.structures import chemical_formula
 from fastmace.vocabulary import DEFAULT_MATMUL_PRECISION
 
 CHILD_TIMEOUT_S = 3600
@@ -232,7 +233,7 @@ def run_gate(
         dtype=model.dtype,
         device=model.device,
         atoms=len(atoms),
-        formula=atoms.get_chemical_formula(),
+        formula=chemical_formula(atoms),
         structure=structure or f"the run's structure ({len(atoms)} atoms)",
         energy_eV=_error(plan["energy"], reference["energy"], energy_tol),
         forces_eV_per_A=_error(plan["forces"], reference["forces"], force_tol),
