@@ -214,9 +214,9 @@ def kernel_source(coefficients: torch.Tensor, path_of: torch.Tensor, literal: bo
     return "\n".join([*head, *parts])
 
 
-_ZEROS = "tl.zeros([CHANNELS], dtype={}.dtype.element_ty)"
-_TILE_ZEROS = "tl.zeros([STEP, CHANNELS], dtype={}.dtype.element_ty)"
-_STEP_ZEROS = "tl.zeros([STEP], dtype={}.dtype.element_ty)"
+def _zeros(shape: str, like: str) -> str:
+    """Source for a tensor of zeros of ``shape`` (e.g. "STEP, CHANNELS") in ``like``'s dtype."""
+    return f"tl.zeros([{shape}], dtype={like}.dtype.element_ty)"
 
 
 def _forward(write: _Writer, table: bool) -> list[str]:
@@ -229,7 +229,7 @@ def _forward(write: _Writer, table: bool) -> list[str]:
         f"        channels, weight_rows{extra}, CHANNELS: tl.constexpr, STEP: tl.constexpr):",
         *write.prologue(),
         *(_TABLE_PROLOGUE if table else []),
-        *[f"    o{k} = {_ZEROS.format('out')}" for k in write.outputs],
+        *[f"    o{k} = {_zeros('CHANNELS', 'out')}" for k in write.outputs],
         *write.edge(table),
         *[
             f"        o{k} += tl.sum(w{write.path_of[k]} * {write.u(k)}, axis=0)"
@@ -237,7 +237,7 @@ def _forward(write: _Writer, table: bool) -> list[str]:
         ],
         *[
             f"    tl.store(out + (atom * {d3} + {k}) * channels + c, "
-            f"{f'o{k}' if k in write.outputs else _ZEROS.format('out')}, mask=ok)"
+            f"{f'o{k}' if k in write.outputs else _zeros('CHANNELS', 'out')}, mask=ok)"
             for k in range(d3)
         ],
     ]
@@ -280,18 +280,16 @@ def _backward(write: _Writer, table: bool) -> list[str]:
             continue
         lines.append(
             f"        tl.store(grad_weights + (edge[:, None] * {paths} + {p}) * channels "
-            f"+ c[None, :], {value or _TILE_ZEROS.format('grad')}, mask=both)"
+            f"+ c[None, :], {value or _zeros('STEP, CHANNELS', 'grad')}, mask=both)"
         )
     if table:
         total = kernel_sources.joined_sum(slope_terms, indent)
-        value = (
-            f"tl.sum({total}, axis=1) * inverse_spacing" if total else _STEP_ZEROS.format("grad")
-        )
+        value = f"tl.sum({total}, axis=1) * inverse_spacing" if total else _zeros("STEP", "grad")
         lines.append(f"        tl.store(grad_lengths + edge * tiles + tile, {value}, mask=live)")
     lines += [f"        gw{k} = g{k} * w{write.path_of[k]}" for k in write.outputs]
     for i in range(d1):  # the sender's share: h_i = sum_k m_ik g_k w_k
         terms = [f"m{i}_{k} * gw{k}" for k in write.outputs if (i, k) in write.by_pair]
-        value = kernel_sources.joined_sum(terms, indent) or _TILE_ZEROS.format("grad")
+        value = kernel_sources.joined_sum(terms, indent) or _zeros("STEP, CHANNELS", "grad")
         lines.append(
             f"        tl.store(shares + (edge[:, None] * {d1} + {i}) * channels + c[None, :], "
             f"{value}, mask=both)"
@@ -304,7 +302,7 @@ def _backward(write: _Writer, table: bool) -> list[str]:
         value = (
             f"tl.sum({kernel_sources.joined_sum(by_harmonic[j], indent)}, axis=1)"
             if by_harmonic[j]
-            else _STEP_ZEROS.format("grad")
+            else _zeros("STEP", "grad")
         )
         lines.append(
             f"        tl.store(grad_harmonics + (edge * tiles + tile) * {d2} + {j}, {value}, "
