@@ -1,6 +1,8 @@
 """The structure check's close-pair search (dynamics/checks.py) against ASE's neighbour list.
 
-For each size of rattled rock-salt NaCl (0.05 Å, seed 0), one timed run each of ASE's
+For each size of rattled rock-salt NaCl (profile_step.nacl, as the other benchmarks build it;
+the runs of benchmarks/results/2026-12-06-cpu/ used a copy of it with seed 0), one timed run
+each of ASE's
 ``neighbor_list("ijd", atoms, 0.5)`` and of FastMACE's ``_close_pairs(atoms, 0.5)`` (the cell
 list for such cells), with the pairs each found and whether the two agree. ``--overlap``
 first moves atom 1 to 0.3 Å from atom 0, so both must find that pair.
@@ -14,15 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import ase
-import ase.build
 import numpy as np
 from ase.neighborlist import neighbor_list
+
+sys.path.insert(0, str(Path(__file__).parent))
+from profile_step import nacl
 
 from fastmace.dynamics.checks import _close_pairs
 
@@ -30,15 +35,12 @@ CUTOFF_A = 0.5  # checks.MIN_DISTANCE_A, the check's distance
 Pairs = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def nacl(atoms: int, overlap: bool) -> ase.Atoms:
-    repeat = round((atoms / 8) ** (1 / 3))
-    if 8 * repeat**3 != atoms:
-        raise SystemExit(f"--atoms must be 8 n^3 (rock-salt cubic cells), not {atoms}")
-    structure = ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat(repeat)
-    structure.rattle(0.05, seed=0)
+def structure(atoms: int, overlap: bool) -> ase.Atoms:
+    """``atoms`` of NaCl; with ``overlap``, atom 1 moved to 0.3 Å of atom 0."""
+    built = nacl(atoms)
     if overlap:
-        structure.positions[1] = structure.positions[0] + [0.3, 0.0, 0.0]
-    return structure
+        built.positions[1] = built.positions[0] + [0.3, 0.0, 0.0]
+    return built
 
 
 def ase_pairs(atoms: ase.Atoms) -> Pairs:
@@ -86,9 +88,9 @@ def main() -> None:
     cases = []
     print(f"{'atoms':>9} {'ASE s':>8} {'FastMACE s':>11} {'pairs':>6} agree")
     for size in (int(text) for text in arguments.atoms.split(",")):
-        structure = nacl(size, arguments.overlap)
-        ase_s, theirs = timed(ase_pairs, structure)
-        ours_s, ours = timed(fastmace_pairs, structure)
+        built = structure(size, arguments.overlap)
+        ase_s, theirs = timed(ase_pairs, built)
+        ours_s, ours = timed(fastmace_pairs, built)
         cases += [case(size, "ase", ase_s, theirs), case(size, "fastmace", ours_s, ours)]
         agree = same_pairs(ours, theirs)
         print(f"{size:>9} {ase_s:>8.2f} {ours_s:>11.2f} {len(ours[0]):>6} {agree}", flush=True)

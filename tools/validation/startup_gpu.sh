@@ -128,6 +128,14 @@ compiled_startup() {  # compiled_startup TIMEOUT RUN-TIMEOUT: fastmace md --comp
   grep -h "start-up" "$OUT"/startup-13824/*.log
 }
 
+aot_startup() {  # aot_startup TIMEOUT RUN-TIMEOUT: the same, through a package compiled ahead of time
+  timeout "$1" python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s "$2" \
+    --ahead-of-time-on-cuda --out "$OUT/startup-13824-aot" --extra=--compile \
+    > "$OUT/startup-13824-aot.log" 2>&1
+  echo "start-up 13824 (compiled ahead of time): exit $?"
+  grep -hE "start-up|^done|rror" "$OUT"/startup-13824-aot/*.log | cut -c1-300
+}
+
 before_after() {  # md_speed.py on .baseline's source, then on this checkout: the same CASES
   TEST_TIMEOUT_S=$1 BEFORE_BUDGET_S=110 AFTER_BUDGET_S=$2 OUT="$OUT" \
     bash tools/validation/perf_gpu.sh .baseline "$3" "$3"
@@ -1013,11 +1021,7 @@ PY
   # package compiled ahead of time (built cold, loaded warm).
   FASTMACE_CACHE=/tmp/fastmace-cache-66a compiled_startup 200 110
   grep -hE "^step|^done" "$OUT"/startup-13824/warm.log | head -12
-  FASTMACE_CACHE=/tmp/fastmace-cache-66b timeout 330 python3 benchmarks/startup_time.py \
-    --atoms 13824 --steps 200 --timeout-s 280 --ahead-of-time-on-cuda \
-    --out "$OUT/startup-13824-aot" --extra=--compile > "$OUT/startup-13824-aot.log" 2>&1
-  echo "start-up 13824 (compiled ahead of time): exit $?"
-  grep -hE "start-up|^done|rror" "$OUT"/startup-13824-aot/*.log | cut -c1-300
+  FASTMACE_CACHE=/tmp/fastmace-cache-66b aot_startup 330 280
   ;;
 67)
   # Stage 66's first half, for the device time left: the compiled start-up cold and warm
@@ -1140,11 +1144,7 @@ mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-bf16
   # own (aot_potential._inputs). Then stage 70's five failures again with
   # tools/validation/gpu_extra_wheels.sh's wheels (D3's torch-dftd, the CUDA headers the
   # hybrid backend builds with).
-  FASTMACE_CACHE=/tmp/fastmace-cache-77 timeout 360 python3 benchmarks/startup_time.py \
-    --atoms 13824 --steps 200 --timeout-s 300 --ahead-of-time-on-cuda \
-    --out "$OUT/startup-13824-aot" --extra=--compile > "$OUT/startup-13824-aot.log" 2>&1
-  echo "start-up 13824 (compiled ahead of time): exit $?"
-  grep -hE "start-up|^done|rror" "$OUT"/startup-13824-aot/*.log | cut -c1-300
+  FASTMACE_CACHE=/tmp/fastmace-cache-77 aot_startup 360 300
   gpu_tests 77 240 "$tests/test_dispersion_triton.py" "$tests/test_engine_gpu.py" \
     "$tests/test_quiet_run.py" -k "hybrid or fused or triton"
   ;;
@@ -1183,11 +1183,7 @@ mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-bf16
   # 67 and 77 each ran one half, on different machines): the compiled start-up cold and warm
   # through torch.compile, then through a package (built cold, loaded warm), 200 steps each.
   FASTMACE_CACHE=/tmp/fastmace-cache-81a compiled_startup 190 120
-  FASTMACE_CACHE=/tmp/fastmace-cache-81b timeout 380 python3 benchmarks/startup_time.py \
-    --atoms 13824 --steps 200 --timeout-s 300 --ahead-of-time-on-cuda \
-    --out "$OUT/startup-13824-aot" --extra=--compile > "$OUT/startup-13824-aot.log" 2>&1
-  echo "start-up 13824 (compiled ahead of time): exit $?"
-  grep -hE "start-up|^done|rror" "$OUT"/startup-13824-aot/*.log | cut -c1-300
+  FASTMACE_CACHE=/tmp/fastmace-cache-81b aot_startup 380 300
   ;;
 82)
   # Issue 31: a million atoms' set-up with the structure check's cell list (stage 58: 74.2 s
