@@ -129,6 +129,8 @@ LABELS: dict[tuple[str, str], str] = {
     ("fastmace", "cueq-bf16"): "FastMACE cuEq, BF16 linear layers",
     ("fastmace", "cueq-bf16-table-compile"): "FastMACE cuEq, BF16 linear layers, table + compile",
     ("fastmace", "cueq-d3"): "FastMACE cuEq + D3(BJ) dispersion",
+    ("fastmace", "cueq-conv-table"): "FastMACE cuEq, own convolution, radial table",
+    ("fastmace", "cueq-conv-table-compile"): "FastMACE cuEq, own convolution, table + compile",
     ("fastmace", "hybrid-tf32"): "FastMACE hybrid, TF32 matmuls",
     ("fastmace", "e3nn"): "FastMACE e3nn",
     ("fastmace", "e3nn-nograph"): "FastMACE e3nn, capture=False",
@@ -159,6 +161,9 @@ FASTMACE_VARIANTS: dict[str, tuple[str, bool | None, bool, str]] = {
     "cueq-tf32-compile": ("cueq", None, True, "tf32"),
     "cueq-table": ("cueq", None, False, "float32"),
     "cueq-table-compile": ("cueq", None, True, "float32"),
+    # "-conv" variants run FastMACE's own convolution kernels (fused_convolution=True).
+    "cueq-conv-table": ("cueq", None, False, "float32"),
+    "cueq-conv-table-compile": ("cueq", None, True, "float32"),
     "e3nn": ("e3nn", None, False, "float32"),
     "e3nn-nograph": ("e3nn", False, False, "float32"),
 }
@@ -254,6 +259,16 @@ def full_plan() -> list[Case]:
     cases.append(Case("mp0-medium", LARGEST_ATOMS, "fastmace", "cueq"))
     # D3(BJ)'s cost against the plain step (issue: at most 1.3x at 13,824 atoms).
     cases += [Case("mp0-medium", n, "fastmace", "cueq-d3") for n in (1728, 13824)]
+    # The BF16 tier (matmul_precision="bf16"), plain and on the fast path, beside float32's.
+    cases += [Case("mp0-medium", 13824, "fastmace", v)
+              for v in ("cueq-bf16", "cueq-bf16-table-compile")]  # fmt: skip
+    # FastMACE's own convolution kernels (issue 30) beside cuEquivariance's, with tables.
+    cases += [Case("mp0-medium", n, "fastmace", v) for n in (1728, 13824)
+              for v in ("cueq-conv-table", "cueq-conv-table-compile")]  # fmt: skip
+    # Where it starts to pay (between 1,728 and 13,824 atoms) and how it scales.
+    cases += [Case("mp0-medium", n, "fastmace", v) for n in (4096, 8000)
+              for v in ("cueq-table-compile", "cueq-conv-table-compile")]  # fmt: skip
+    cases.append(Case("mp0-medium", 32768, "fastmace", "cueq-conv-table-compile"))
     return cases
 
 
@@ -666,7 +681,7 @@ class Bench:
         engine = EngineSettings(
             device=loaded.device, backend=loaded.backend, block_steps=block,
             graphs=capture_setting, compile=compile_model, matmul_precision=matmul,
-            radial_table="-table" in case.variant,
+            radial_table="-table" in case.variant, fused_convolution="-conv" in case.variant,
         )  # fmt: skip
         if compile_model:
             # Each case compiles afresh: Dynamo's recompile limit counts every earlier case's

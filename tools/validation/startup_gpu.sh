@@ -1193,6 +1193,51 @@ mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-bf16
   timeout -k 20 ${LARGE_TIMEOUT:-400} python3 benchmarks/large_cells.py --atoms 1000000 \
     --out "$OUT/million" 2>&1 | grep -E "^\{|Error" | cut -c1-1500
   ;;
+83)
+  # Stage 79 chose one-warp programs (conv_triton.THREADS = 32): the kernels with the new
+  # default, alone and in the whole potential, against cuEquivariance's. Then stage 76's two
+  # misses: the BF16 GPU test (its ASE edges were left on the CPU) and BF16's speed beside
+  # float32's (its cases were missing from md_speed's plan).
+  timeout 200 python3 benchmarks/conv_kernels.py --atoms 1728,13824 --out "$OUT/conv" \
+    > "$OUT/conv_kernels.log" 2>&1
+  echo "convolution kernels: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log" | cut -c1-110
+  gpu_tests 83 100 "$tests/test_irreps_linear.py"
+  timeout 230 python3 benchmarks/md_speed.py --out "$OUT/bf16-speed" --budget-s 200 \
+    --case-timeout-s 100 --only "mp0-medium/13824/fastmace-cueq,mp0-medium/13824/fastmace-cueq-bf16,\
+mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-bf16-table-compile" \
+    > "$OUT/bf16-speed.log" 2>&1
+  echo "bf16 speed: exit $?"; grep -E "ms/step" "$OUT/bf16-speed.log" | tail -8
+  ;;
+84)
+  # Issue 30: with one-warp programs our convolution's whole potential beat cuEquivariance's
+  # at 13,824 atoms (stage 83, kernel time). MD steps with it, beside cuEquivariance's, with
+  # tables, eager and compiled, at 13,824 and 1,728 atoms.
+  timeout 400 python3 benchmarks/md_speed.py --out "$OUT/conv-speed" --budget-s 370 \
+    --case-timeout-s 120 --only "mp0-medium/13824/fastmace-cueq-table,\
+mp0-medium/13824/fastmace-cueq-conv-table,mp0-medium/13824/fastmace-cueq-table-compile,\
+mp0-medium/13824/fastmace-cueq-conv-table-compile,mp0-medium/1728/fastmace-cueq-table-compile,\
+mp0-medium/1728/fastmace-cueq-conv-table-compile" > "$OUT/conv-speed.log" 2>&1
+  echo "conv speed: exit $?"; grep -E "ms/step|Error|error" "$OUT/conv-speed.log" | tail -12
+  ;;
+85)
+  # Stage 84: our convolution made a compiled step 1.41x faster at 13,824 atoms and 0.87x as
+  # fast at 1,728. Where it starts to pay, and how it scales: 4,096, 8,000 and 32,768 atoms.
+  timeout 320 python3 benchmarks/md_speed.py --out "$OUT/conv-sizes" --budget-s 290 \
+    --case-timeout-s 120 --only "/4096/fastmace-cueq-table-compile,\
+/4096/fastmace-cueq-conv-table-compile,/8000/fastmace-cueq-table-compile,\
+/8000/fastmace-cueq-conv-table-compile,/32768/fastmace-cueq-table-compile,\
+/32768/fastmace-cueq-conv-table-compile" > "$OUT/conv-sizes.log" 2>&1
+  echo "conv sizes: exit $?"; grep -E "ms/step|Error|error" "$OUT/conv-sizes.log" | tail -12
+  ;;
+86)
+  # Issues 30 and 31: the planner now chooses FastMACE's convolution (with tables, from 3,000
+  # atoms, where the run's saving pays for its kernels' compilation). fm.md's plan with no
+  # options at 13,824 atoms, for 100,000 steps: the default path.
+  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/default" --budget-s 180 \
+    --case-timeout-s 170 --only "mp0-medium/13824/fastmace-default" > "$OUT/default.log" 2>&1
+  echo "default: exit $?"; grep -E "ms/step|Error|error|convolution" "$OUT/default.log" | tail -8
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \

@@ -963,20 +963,39 @@ def test_the_own_product_basis_only_when_forced(plan_for: PlanFor) -> None:
     assert cpu.engine_settings().product_basis
 
 
-def test_the_own_convolution_only_when_forced(plan_for: PlanFor) -> None:
-    # Measured slower than cuEquivariance's (docs/design/convolution.md): not chosen.
-    plain = plan_for()
-    decision = plain.decision("fused_convolution")
-    assert (decision.value, decision.source) == (False, "measured")
-    assert "2.6-4.5x" in decision.reason
-    assert not plain.engine_settings().fused_convolution
-    assert "convolution" not in plain.describe()
+def test_the_own_convolution_where_its_saving_pays_for_its_compilation(plan_for: PlanFor) -> None:
+    # With radial tables, from 3,000 atoms, on cuEq on CUDA, for runs long enough that the
+    # saving measured per step pays for generating and compiling the kernels.
+    large = {"atoms_per_system": (13824,), "species": (11, 17), "tabulable_radials": True}
+    chosen = plan_for(**large, steps=100_000)
+    decision = chosen.decision("fused_convolution")
+    assert (decision.value, decision.source) == (True, "measured")
+    assert "100,000 steps of 13,824 atoms would save about 630 s" in decision.reason
+    assert chosen.engine_settings().fused_convolution and chosen.radial_table
+    assert "convolution  own" in chosen.describe()
+    # Each reason it is left out: too short a run, too few atoms, no tables, the device, the
+    # backend, a long-range model.
+    for changes, config, words in (
+        ({**large, "steps": 1_000}, None, "save about 6 s against about 11 s"),
+        ({**large, "atoms_per_system": (1728,)}, None, "below 3,000 atoms"),
+        ({**large, "tabulable_radials": False}, None, "only with radial tables"),
+        ({**large, "device": "cpu"}, None, "e3nn on the cpu"),
+        (large, EngineConfig(backend="hybrid"), "hybrid on the cuda"),
+        ({**large, "long_range": True}, None, "a long-range model"),
+    ):
+        plain = plan_for(config=config, **changes)
+        decision = plain.decision("fused_convolution")
+        assert decision.value is False and decision.source in ("measured", "rule"), changes
+        assert words in decision.reason, (changes, decision.reason)
+        assert "convolution" not in plain.describe()
+    # Forced either way, whatever the rule says.
     forced = plan_for(config=EngineConfig(fused_convolution=True, backend="cueq"))
     assert forced.engine_settings().fused_convolution
     assert forced.decision("fused_convolution").source == "forced"
     assert "convolution  own" in forced.describe()
-    off = plan_for(config=EngineConfig(fused_convolution=False))
+    off = plan_for(config=EngineConfig(fused_convolution=False), **large, steps=100_000)
     assert off.decision("fused_convolution").source == "forced"
+    assert not off.engine_settings().fused_convolution
 
 
 def test_radial_tables_by_default_where_the_model_allows_them(plan_for: PlanFor) -> None:

@@ -38,7 +38,9 @@ def ase_edges(state: State, cutoff: float, capacity_factor: float = 1.0) -> Edge
     unit_shifts[:count] = torch.as_tensor(np.concatenate(shifts), dtype=torch.float64)
     mask = torch.zeros(capacity, dtype=torch.bool)
     mask[:count] = True
-    return Edges(edge_index, unit_shifts, mask, torch.tensor(count), torch.tensor(False))
+    # Built on the host from ASE's list, the edges live where the state does.
+    parts = (edge_index, unit_shifts, mask, torch.tensor(count), torch.tensor(False))
+    return Edges(*(part.to(state.positions.device) for part in parts))
 
 
 def random_structure(numbers: Sequence[int], cell: np.ndarray, seed: int, min_distance: float):

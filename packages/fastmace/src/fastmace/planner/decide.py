@@ -77,11 +77,19 @@ PRODUCT_BASIS_REASON = (
     "to a cold start (docs/design/product-basis.md), so cuEquivariance's runs; "
     "EngineConfig(product_basis=True) forces them"
 )
-FUSED_CONVOLUTION_REASON = (
-    "measured: FastMACE's convolution kernels, generated per coupling, took 2.6-4.5x "
-    "cuEquivariance's kernel time forward and backward and a whole evaluation 7.0 against "
-    "4.1 ms (MP-0 medium, 1,728 atoms, H100; docs/design/convolution.md), so cuEquivariance's "
-    "runs; EngineConfig(fused_convolution=True) forces them"
+# FastMACE's own convolution kernels (one warp per 32 channels) with radial tables, against
+# cuEquivariance's, side by side (H100, MP-0 medium, compiled, CUDA graphs; stages 84-85 in
+# docs/validation/performance.md): ms per step 4.33/3.76 at 1,728 atoms, 5.88/7.21 at 4,096,
+# 9.21/13.1 at 8,000, 15.0/21.1 at 13,824 and 31.0/47.2 at 32,768. From 4,096 atoms the saving
+# is about 0.51 µs per atom less 0.75 ms per step; the first run generates and compiles the
+# kernels for about 11 s (the 13,824-atom case's set-up, 21.9 against 10.9 s).
+FUSED_CONVOLUTION_MIN_ATOMS = 3_000
+FUSED_CONVOLUTION_SAVING_MS = -0.75
+FUSED_CONVOLUTION_SAVING_MS_PER_ATOM = 0.51e-3
+FUSED_CONVOLUTION_COST_S = 11.0
+FUSED_CONVOLUTION_MEASURED = (
+    "H100, MP-0 medium, compiled: 15.0 against 21.1 ms per step at 13,824 atoms, 1.23-1.52x "
+    "from 4,096 to 32,768 atoms, 0.87x at 1,728; docs/design/convolution.md"
 )
 # MACE-POLAR-1 (PolarMACE): why its step is neither captured nor compiled, and its backend.
 LONG_RANGE_EAGER_REASON = (
@@ -130,7 +138,7 @@ def make_plan(
         matmul,
         table,
         _product_basis(workload, config, backend.value),
-        _fused_convolution(workload, config, backend.value),
+        _fused_convolution(workload, config, device.value, backend.value, table.value),
         graphs,
         compiled,
         _block_steps(workload, config),
@@ -343,7 +351,15 @@ def _product_basis(workload: Workload, config: EngineConfig, backend: str) -> De
     return Decision("product_basis", False, PRODUCT_BASIS_REASON, MEASURED)
 
 
-def _fused_convolution(workload: Workload, config: EngineConfig, backend: str) -> Decision:
+def fused_convolution_saving_s(n_atoms: int, steps: int) -> float:
+    """The seconds FastMACE's own convolution is predicted to save over ``steps`` steps."""
+    per_step_ms = FUSED_CONVOLUTION_SAVING_MS + FUSED_CONVOLUTION_SAVING_MS_PER_ATOM * n_atoms
+    return per_step_ms * steps / 1000.0
+
+
+def _fused_convolution(
+    workload: Workload, config: EngineConfig, device: str, backend: str, radial_table: bool
+) -> Decision:
     name = "fused_convolution"
     if config.fused_convolution is False:
         return Decision(name, False, _forced(name, False), FORCED)
@@ -357,7 +373,36 @@ def _fused_convolution(workload: Workload, config: EngineConfig, backend: str) -
                 "or leave fused_convolution=None"
             )
         return Decision(name, True, _forced(name, True), FORCED)
-    return Decision(name, False, FUSED_CONVOLUTION_REASON, MEASURED)
+    if device != "cuda" or backend != "cueq" or workload.long_range:
+        runs = "a long-range model" if workload.long_range else f"{backend} on the {device}"
+        return Decision(
+            name, False, f"rule: measured only for a local model on cuEq on CUDA; this plan "
+            f"runs {runs}; EngineConfig(fused_convolution=True) forces it", RULE,
+        )  # fmt: skip
+    if not radial_table:
+        # Without tables each block's radial MLP feeds the kernels and they lost (stage 83:
+        # 3.69 against 3.41 ms and 9.20 against 8.55 ms per block at 13,824 atoms).
+        return Decision(
+            name, False, "measured: FastMACE's convolution pays only with radial tables, which "
+            "this plan does not use (the blocks' kernels without them: 1.08x cuEquivariance's "
+            "time at 13,824 atoms, H100); EngineConfig(fused_convolution=True) forces it",
+            MEASURED,
+        )  # fmt: skip
+    if workload.n_atoms < FUSED_CONVOLUTION_MIN_ATOMS:
+        return Decision(
+            name, False, f"measured: below {FUSED_CONVOLUTION_MIN_ATOMS:,} atoms cuEquivariance's "
+            f"convolution is faster ({FUSED_CONVOLUTION_MEASURED}); this plan has "
+            f"{workload.n_atoms:,}; EngineConfig(fused_convolution=True) forces it", MEASURED,
+        )  # fmt: skip
+    saving = fused_convolution_saving_s(workload.n_atoms, workload.steps)
+    pays = saving >= FUSED_CONVOLUTION_COST_S
+    reason = (
+        f"measured: {workload.steps:,} steps of {workload.n_atoms:,} atoms would save about "
+        f"{saving:.0f} s against about {FUSED_CONVOLUTION_COST_S:.0f} s to generate and compile "
+        f"the kernels ({FUSED_CONVOLUTION_MEASURED}); {'on' if pays else 'off'}: on where the "
+        "saving pays for it; EngineConfig(fused_convolution=...) forces either"
+    )
+    return Decision(name, pays, reason, MEASURED)
 
 
 def _graphs(config: EngineConfig, device: str, long_range: bool = False) -> Decision:
