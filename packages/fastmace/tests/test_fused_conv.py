@@ -31,6 +31,7 @@ from fastmace.dynamics.state import State
 from fastmace.dynamics.table_conv import TableLengths, TabulatedConvolution
 from fastmace.models import backends
 from fastmace.models.templates import template
+from fastmace.provenance import kernel_words
 
 SPECIES = [29, 8, 6, 1]
 
@@ -128,6 +129,8 @@ def test_both_own_kernels_on_mh1_and_mace_off_blocks_give_mace_torchs_results(na
     state = State.from_atoms(structures)
     potential = Potential(model, species, head, fused_convolution=True, product_basis=True)
     assert potential.fused_convolution_used and potential.product_basis_used
+    # The start-up line names them (the planner may choose the convolution by itself).
+    assert kernel_words(potential) == ["own convolution", "own product basis"]
     output = potential(state, ase_edges(state, potential.r_max, 1.5), compute_stress=True)
     assert_matches_reference(model_of(name, torch.float64), structures, output, state, head)
 

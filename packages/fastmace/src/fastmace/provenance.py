@@ -555,6 +555,17 @@ def compiled_text(potential: Potential) -> str:
     return f"compiled ahead of time ({how})"
 
 
+def kernel_words(potential: Potential) -> list[str]:
+    """The start-up line's words for what replaced the model's own parts: radial tables and
+    FastMACE's own convolution and product basis, where they run."""
+    chosen = (
+        (potential.table_report is not None, "radial tables"),
+        (potential.fused_convolution_used, "own convolution"),
+        (potential.product_basis_used, "own product basis"),
+    )
+    return [words for used, words in chosen if used]
+
+
 # Below this fraction of the target at the end of a run, the report says why and what to do.
 COOL_FRACTION = 0.8
 

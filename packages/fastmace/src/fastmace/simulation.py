@@ -540,13 +540,13 @@ class Simulation:
             self.timings["process_to_first_step_s"] = since_start
 
     def _path_text(self) -> str:
-        """Which path runs, in a few words: backend, dtype, device, compile, tables, graphs."""
+        """Which path runs, in a few words: backend, dtype, device, compile, tables, own
+        kernels, graphs."""
         words = [f"{self.model.backend} {self.model.dtype} on {self.model.device}"]
-        from fastmace.provenance import compiled_text
+        from fastmace.provenance import compiled_text, kernel_words
 
         words.append(compiled_text(self.potential))
-        if self.potential.table_report is not None:
-            words.append("radial tables")
+        words += kernel_words(self.potential)
         launch = "CUDA graphs" if self.engine.capture else "no CUDA graphs"
         words.append(f"{launch}, K={self.block_steps}")
         return ", ".join(words)
