@@ -760,6 +760,9 @@ class Bench:
             "radial_table": (
                 asdict(report) if (report := simulation.potential.table_report) else None
             ),
+            # Whether FastMACE's own convolution ran (asked for, or chosen by the default plan).
+            "fused_convolution": simulation.potential.fused_convolution_used,
+            "fused_convolution_failure": simulation.potential.fused_convolution_failure,
             "edge_capacity": simulation.neighbours.capacity,
             "model_edge_capacity": simulation.neighbours.cutoff_capacity,
             "final_temperature_K": thermo.get("temperature_K"),
@@ -776,7 +779,8 @@ class Bench:
     @staticmethod
     def plan_record(plan: Plan) -> dict[str, Any]:
         """What the default plan chose, with its reasons."""
-        chosen = ("backend", "compile", "radial_table", "block_steps", "matmul_precision")
+        chosen = ("backend", "compile", "radial_table", "fused_convolution", "block_steps",
+                  "matmul_precision")  # fmt: skip
         return {
             "planned_steps": plan.workload.steps,
             "compile_cost_s": plan.workload.compile_cost_s,

@@ -1238,6 +1238,16 @@ mp0-medium/1728/fastmace-cueq-conv-table-compile" > "$OUT/conv-speed.log" 2>&1
     --case-timeout-s 170 --only "mp0-medium/13824/fastmace-default" > "$OUT/default.log" 2>&1
   echo "default: exit $?"; grep -E "ms/step|Error|error|convolution" "$OUT/default.log" | tail -8
   ;;
+87)
+  # Issues 30 and 31's targets tables (H200): fm.md's plan with no options (the default path,
+  # now with FastMACE's convolution from 3,000 atoms) at the issue's sizes, MP-0 medium and
+  # MH-1, in one md_speed run.
+  timeout 560 python3 benchmarks/md_speed.py --out "$OUT/targets" --budget-s 520 \
+    --case-timeout-s 170 --only "mp0-medium/216/fastmace-default,mp0-medium/1728/fastmace-default,\
+mp0-medium/13824/fastmace-default,mp0-medium/32768/fastmace-default,mh-1/216/fastmace-cueq,\
+mh-1/1728/fastmace-cueq" > "$OUT/targets.log" 2>&1
+  echo "targets: exit $?"; grep -E "ms/step|Error|error" "$OUT/targets.log" | tail -10
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \

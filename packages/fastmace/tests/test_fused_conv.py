@@ -252,7 +252,10 @@ for name in ("tiny", "mp0-medium"):
     d1, d2, d3 = coupling["coefficients"].shape
     channels, paths = coupling["channels"], int(coupling["path_of"].max()) + 1
     key = conv_codegen.register(coupling["coefficients"], coupling["path_of"])
-    for step in (1, 4):  # edges per iteration: as first measured, and four with a tail
+    # (threads, edges per iteration), None for the module's default launch.
+    for threads, step in {launches!r}[name]:
+        threads = conv_triton.THREADS if threads is None else threads
+        step = conv_triton.STEP if step is None else step
         for dtype in (torch.float64, torch.float32):
             # Plain rows with no padding atom; pair rows (E/2) with one, as a Potential has.
             for skip, halves in ((0, 1), (1, 2)):
@@ -269,11 +272,13 @@ for name in ("tiny", "mp0-medium"):
                 receiver_runs = conv_triton.runs(index[1], atoms)
                 want = [convolve_reference(x, y, w, t, paths_of, index, skip)]
                 got = [conv_triton.forward(key, x, y, w, t, index[0], receiver_runs, skip,
-                                           step=step)]
+                                           threads, step)]
                 want += convolve_backward_reference(g, x, y, w, t, paths_of, index, skip)
                 got += conv_triton.backward(key, g, x, y, w, t, index, receiver_runs,
-                                            conv_triton.runs(index[0], atoms), skip, step=step)
-                report[f"{{name}} {{dtype}} step={{step}} skip={{skip}} rows=E/{{halves}}"] = [
+                                            conv_triton.runs(index[0], atoms), skip, threads,
+                                            step)
+                case = f"{{name}} {{dtype}} {{threads}}x{{step}} skip={{skip}} rows=E/{{halves}}"
+                report[case] = [
                     float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)
                 ]
             # The weights read from a radial table inside the kernels, as a Potential runs them
@@ -287,13 +292,13 @@ for name in ("tiny", "mp0-medium"):
             want = [table_conv(x, y, *inputs, paths_of, index, skip, key)]
             want += table_conv_backward(g, x, y, *inputs, paths_of, index, skip, key)
             got = [conv_triton.forward_from_table(key, x, y, *inputs, index[0], receiver_runs,
-                                                  skip, step=step)]
+                                                  skip, threads, step)]
             *grads, per_edge = conv_triton.backward_from_table(
                 key, g, x, y, *inputs, index, receiver_runs, conv_triton.runs(index[0], atoms),
-                skip, step=step,
+                skip, threads, step,
             )
             got += [*grads, per_edge.view(2, -1).sum(0)]
-            report[f"{{name}} {{dtype}} step={{step}} table"] = [
+            report[f"{{name}} {{dtype}} {{threads}}x{{step}} table"] = [
                 float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)
             ]
 print(json.dumps(report))
@@ -303,7 +308,17 @@ print(json.dumps(report))
 COUPLED = ("tiny", "mp0-medium")  # each one's second block, whose coupling the child reads
 
 
-def compare(env: dict[str, str], device: str, directory: Path) -> dict[str, list[float]]:
+# Two launches per coupling. On the GPU: the default (one warp, MP-0 medium's 128 channels in
+# four tiles per atom) and all channels in one program taking four edges at a time, with a
+# tail. In the interpreter, which pays for every program, the tiles are the tiny coupling's:
+# 4 of its 8 channels per program (the same generated code for any tile width).
+GPU_LAUNCHES = {name: ((None, None), (128, 4)) for name in ("tiny", "mp0-medium")}
+INTERPRETER_LAUNCHES = {"tiny": ((4, 1), (128, 4)), "mp0-medium": ((128, 1), (128, 4))}
+
+
+def compare(
+    env: dict[str, str], device: str, directory: Path, launches: dict[str, tuple]
+) -> dict[str, list[float]]:
     couplings = {}
     for name in COUPLED:
         coupling = coupling_of(cueq_model(name, torch.float64).interactions[1])
@@ -311,11 +326,12 @@ def compare(env: dict[str, str], device: str, directory: Path) -> dict[str, list
                            "channels": coupling.channels}  # fmt: skip
     path = directory / "couplings.pt"
     torch.save(couplings, path)
-    return python_report(COMPARE.format(device=device, couplings=str(path)), env)
+    code = COMPARE.format(device=device, couplings=str(path), launches=launches)
+    return python_report(code, env)
 
 
 def assert_kernels_agree(report: dict[str, list[float]]) -> None:
-    # 2 couplings x 2 edges per step x 2 dtypes x (2 kinds of rows + the table)
+    # 2 couplings x 2 launches x 2 dtypes x (2 kinds of rows + the table)
     assert len(report) == 24
     for case, errors in report.items():
         rounding = 1e-5 if "float32" in case else 1e-13  # summation order
@@ -323,7 +339,8 @@ def assert_kernels_agree(report: dict[str, list[float]]) -> None:
 
 
 def test_the_kernels_match_the_torch_formulas_in_the_interpreter(clean_env, tmp_path):
-    assert_kernels_agree(compare({**clean_env, "TRITON_INTERPRET": "1"}, "cpu", tmp_path))
+    interpreted = {**clean_env, "TRITON_INTERPRET": "1"}
+    assert_kernels_agree(compare(interpreted, "cpu", tmp_path, INTERPRETER_LAUNCHES))
 
 
 @pytest.mark.parametrize("step", [1, 4])
@@ -387,7 +404,7 @@ def test_the_generated_kernels_hold_only_the_couplings_nonzero_entries():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_the_gpu_the_kernels_and_the_potential_agree(clean_env, tmp_path):
-    assert_kernels_agree(compare(clean_env, "cuda", tmp_path))
+    assert_kernels_agree(compare(clean_env, "cuda", tmp_path, GPU_LAUNCHES))
     model = cueq_model("mp0-medium", torch.float64, "cuda")
     structures = [copper_supercell(), triclinic_mixed(), cluster()]
     state = State.from_atoms(structures, device="cuda")
