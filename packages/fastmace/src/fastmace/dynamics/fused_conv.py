@@ -123,6 +123,21 @@ def _fold(grad_weights: torch.Tensor, rows: int) -> torch.Tensor:
     return grad_weights.view(edges // rows, rows, *grad_weights.shape[1:]).sum(dim=0)
 
 
+def edge_runs(edge_index: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The kernels' walk over the edges: each atom's incoming edges (receiver order and each
+    atom's start in it), then its outgoing ones (conv_triton.runs), found once per call of a
+    block's convolution and used by its forward and backward both; empty where the torch
+    formulas run instead. Plain torch operations, so a compiled model computes them once for
+    every block of an evaluation (the blocks share the edges)."""
+    if not kernel_sources.kernels_run(features):
+        empty = edge_index.new_empty(0)
+        return empty, empty, empty, empty
+    from fastmace.dynamics import conv_triton
+
+    atoms = features.shape[0]
+    return (*conv_triton.runs(edge_index[1], atoms), *conv_triton.runs(edge_index[0], atoms))
+
+
 @torch.library.custom_op("fastmace::fused_conv", mutates_args=())
 def fused_conv(
     features: torch.Tensor,
@@ -131,24 +146,28 @@ def fused_conv(
     coefficients: torch.Tensor,
     path_of: torch.Tensor,
     edge_index: torch.Tensor,
+    receiver_order: torch.Tensor,
+    receiver_starts: torch.Tensor,
+    sender_order: torch.Tensor,
+    sender_starts: torch.Tensor,
     skip: int,
     key: str,
 ) -> torch.Tensor:
     """(N, D1, C), (E, D2), (rows, P, C) -> (N, D3, C); differentiable in the first three.
-    ``key``: the coupling's, from conv_codegen.register (the kernels are generated for it)."""
+    ``key``: the coupling's, from conv_codegen.register (the kernels are generated for it);
+    the runs: :func:`edge_runs`'."""
     if kernel_sources.kernels_run(features):
         from fastmace.dynamics import conv_triton
 
-        runs = conv_triton.runs(edge_index[1], features.shape[0])
+        receiver_runs = (receiver_order, receiver_starts)
         return conv_triton.forward(key, features, harmonics, weights, coefficients,
-                                   edge_index[0], runs, skip)  # fmt: skip
+                                   edge_index[0], receiver_runs, skip)  # fmt: skip
     return convolve_reference(features, harmonics, weights, coefficients, path_of, edge_index,
-                              skip)  # fmt: skip
+                              skip).contiguous()  # fmt: skip
 
 
 @fused_conv.register_fake
-def _fused_conv_shape(features, harmonics, weights, coefficients, path_of, edge_index, skip,
-                      key):  # fmt: skip
+def _fused_conv_shape(features, harmonics, weights, coefficients, *rest):
     return features.new_empty((features.shape[0], coefficients.shape[2], features.shape[2]))
 
 
@@ -161,6 +180,10 @@ def fused_conv_backward(
     coefficients: torch.Tensor,
     path_of: torch.Tensor,
     edge_index: torch.Tensor,
+    receiver_order: torch.Tensor,
+    receiver_starts: torch.Tensor,
+    sender_order: torch.Tensor,
+    sender_starts: torch.Tensor,
     skip: int,
     key: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -168,35 +191,35 @@ def fused_conv_backward(
     if kernel_sources.kernels_run(features):
         from fastmace.dynamics import conv_triton
 
-        atoms = features.shape[0]
         found = conv_triton.backward(
             key, grad, features, harmonics, weights, coefficients, edge_index,
-            conv_triton.runs(edge_index[1], atoms), conv_triton.runs(edge_index[0], atoms), skip,
+            (receiver_order, receiver_starts), (sender_order, sender_starts), skip,
         )  # fmt: skip
     else:
         found = convolve_backward_reference(grad, features, harmonics, weights, coefficients,
                                             path_of, edge_index, skip)  # fmt: skip
     grad_features, grad_harmonics, grad_weights = found
-    return grad_features, grad_harmonics, _fold(grad_weights, weights.shape[0])
+    # Laid out as the fake says (contiguous): a compiled graph plans its buffers from the fake,
+    # and the torch formulas' dL/dY comes out transposed.
+    folded = _fold(grad_weights, weights.shape[0])
+    return grad_features.contiguous(), grad_harmonics.contiguous(), folded.contiguous()
 
 
 @fused_conv_backward.register_fake
-def _fused_conv_backward_shape(grad, features, harmonics, weights, coefficients, path_of,
-                               edge_index, skip, key):  # fmt: skip
+def _fused_conv_backward_shape(grad, features, harmonics, weights, *rest):
     return torch.empty_like(features), torch.empty_like(harmonics), torch.empty_like(weights)
 
 
 def _setup(ctx, inputs, output) -> None:
-    features, harmonics, weights, coefficients, path_of, edge_index, skip, key = inputs
-    ctx.save_for_backward(features, harmonics, weights, coefficients, path_of, edge_index)
+    *tensors, skip, key = inputs
+    ctx.save_for_backward(*tensors)
     ctx.skip, ctx.key = skip, key
 
 
 def _backward(ctx, grad):
-    features, harmonics, weights, coefficients, path_of, edge_index = ctx.saved_tensors
-    grads = fused_conv_backward(grad.contiguous(), features, harmonics, weights, coefficients,
-                                path_of, edge_index, ctx.skip, ctx.key)  # fmt: skip
-    return *grads, None, None, None, None, None
+    grads = fused_conv_backward(grad.contiguous(), *ctx.saved_tensors, ctx.skip, ctx.key)
+    # Gradients for features, harmonics and weights; none for the other nine inputs.
+    return *grads, *([None] * 9)
 
 
 fused_conv.register_autograd(_backward, setup_context=_setup)
@@ -237,7 +260,8 @@ class FusedConvolution(torch.nn.Module):
         features = node_feats.reshape(atoms, -1, channels).contiguous()
         weights = tp_weights.reshape(tp_weights.shape[0], self.paths, channels).contiguous()
         out = fused_conv(features, edge_attrs.contiguous(), weights, self.coefficients,
-                         self.path_of, edge_index, self.skip, self.key)  # fmt: skip
+                         self.path_of, edge_index, *edge_runs(edge_index, features), self.skip,
+                         self.key)  # fmt: skip
         return out.reshape(atoms, -1)
 
 

@@ -27,6 +27,7 @@ from fastmace.dynamics.fused_conv import (
     _fold,
     convolve_backward_reference,
     convolve_reference,
+    edge_runs,
 )
 from fastmace.dynamics.module_copy import shallow_copy
 from fastmace.dynamics.radial_table import RadialTable, _evaluate
@@ -41,6 +42,47 @@ def _table_weights(
     return values.reshape(rows, paths, -1), slopes.reshape(rows, paths, -1)
 
 
+def table_conv_reference(
+    features: torch.Tensor,
+    harmonics: torch.Tensor,
+    lengths: torch.Tensor,
+    table: torch.Tensor,
+    inverse_spacing: torch.Tensor,
+    coefficients: torch.Tensor,
+    path_of: torch.Tensor,
+    edge_index: torch.Tensor,
+    skip: int,
+) -> torch.Tensor:
+    """:func:`table_conv` in torch: the table's weights, then the convolution's formulas."""
+    paths = int(path_of.max()) + 1
+    weights, _ = _table_weights(lengths, table, inverse_spacing, paths)
+    return convolve_reference(features, harmonics, weights, coefficients, path_of, edge_index,
+                              skip)  # fmt: skip
+
+
+def table_conv_backward_reference(
+    grad: torch.Tensor,
+    features: torch.Tensor,
+    harmonics: torch.Tensor,
+    lengths: torch.Tensor,
+    table: torch.Tensor,
+    inverse_spacing: torch.Tensor,
+    coefficients: torch.Tensor,
+    path_of: torch.Tensor,
+    edge_index: torch.Tensor,
+    skip: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`table_conv_backward` in torch: dL/dw from the convolution's formulas, met with
+    the table's slopes for dL/dr (one number per row)."""
+    paths, rows = int(path_of.max()) + 1, lengths.shape[0]
+    weights, slopes = _table_weights(lengths, table, inverse_spacing, paths)
+    grad_features, grad_harmonics, grad_weights = convolve_backward_reference(
+        grad, features, harmonics, weights, coefficients, path_of, edge_index, skip
+    )
+    grad_lengths = (_fold(grad_weights, rows) * slopes).sum(dim=(1, 2)) * inverse_spacing
+    return grad_features, grad_harmonics, grad_lengths
+
+
 @torch.library.custom_op("fastmace::table_conv", mutates_args=())
 def table_conv(
     features: torch.Tensor,
@@ -51,27 +93,28 @@ def table_conv(
     coefficients: torch.Tensor,
     path_of: torch.Tensor,
     edge_index: torch.Tensor,
+    receiver_order: torch.Tensor,
+    receiver_starts: torch.Tensor,
+    sender_order: torch.Tensor,
+    sender_starts: torch.Tensor,
     skip: int,
     key: str,
 ) -> torch.Tensor:
-    """(N, D1, C), (E, D2), (rows,) -> (N, D3, C); differentiable in the first three."""
+    """(N, D1, C), (E, D2), (rows,) -> (N, D3, C); differentiable in the first three. The
+    runs: fused_conv.edge_runs'."""
     if kernel_sources.kernels_run(features):
         from fastmace.dynamics import conv_triton
 
-        runs = conv_triton.runs(edge_index[1], features.shape[0])
         return conv_triton.forward_from_table(
             key, features, harmonics, lengths, table, inverse_spacing, coefficients,
-            edge_index[0], runs, skip,
+            edge_index[0], (receiver_order, receiver_starts), skip,
         )  # fmt: skip
-    paths = int(path_of.max()) + 1
-    weights, _ = _table_weights(lengths, table, inverse_spacing, paths)
-    return convolve_reference(features, harmonics, weights, coefficients, path_of, edge_index,
-                              skip)  # fmt: skip
+    return table_conv_reference(features, harmonics, lengths, table, inverse_spacing,
+                                coefficients, path_of, edge_index, skip).contiguous()  # fmt: skip
 
 
 @table_conv.register_fake
-def _table_conv_shape(features, harmonics, lengths, table, inverse_spacing, coefficients,
-                      path_of, edge_index, skip, key):  # fmt: skip
+def _table_conv_shape(features, harmonics, lengths, table, inverse_spacing, coefficients, *rest):
     return features.new_empty((features.shape[0], coefficients.shape[2], features.shape[2]))
 
 
@@ -86,33 +129,31 @@ def table_conv_backward(
     coefficients: torch.Tensor,
     path_of: torch.Tensor,
     edge_index: torch.Tensor,
+    receiver_order: torch.Tensor,
+    receiver_starts: torch.Tensor,
+    sender_order: torch.Tensor,
+    sender_starts: torch.Tensor,
     skip: int,
     key: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of :func:`table_conv` (not differentiable again: forces need one order)."""
-    rows = lengths.shape[0]
     if kernel_sources.kernels_run(features):
         from fastmace.dynamics import conv_triton
 
-        atoms = features.shape[0]
         grad_features, grad_harmonics, per_edge = conv_triton.backward_from_table(
             key, grad, features, harmonics, lengths, table, inverse_spacing, coefficients,
-            edge_index, conv_triton.runs(edge_index[1], atoms),
-            conv_triton.runs(edge_index[0], atoms), skip,
+            edge_index, (receiver_order, receiver_starts), (sender_order, sender_starts), skip,
         )  # fmt: skip
-        return grad_features, grad_harmonics, _fold(per_edge, rows)
-    paths = int(path_of.max()) + 1
-    weights, slopes = _table_weights(lengths, table, inverse_spacing, paths)
-    grad_features, grad_harmonics, grad_weights = convolve_backward_reference(
-        grad, features, harmonics, weights, coefficients, path_of, edge_index, skip
-    )
-    grad_lengths = (_fold(grad_weights, rows) * slopes).sum(dim=(1, 2)) * inverse_spacing
-    return grad_features, grad_harmonics, grad_lengths
+        return grad_features, grad_harmonics, _fold(per_edge, lengths.shape[0])
+    found = table_conv_backward_reference(grad, features, harmonics, lengths, table,
+                                          inverse_spacing, coefficients, path_of, edge_index,
+                                          skip)  # fmt: skip
+    # Laid out as the fake says (contiguous), as fused_conv_backward's.
+    return tuple(grad.contiguous() for grad in found)
 
 
 @table_conv_backward.register_fake
-def _table_conv_backward_shape(grad, features, harmonics, lengths, table, inverse_spacing,
-                               coefficients, path_of, edge_index, skip, key):  # fmt: skip
+def _table_conv_backward_shape(grad, features, harmonics, lengths, *rest):
     return torch.empty_like(features), torch.empty_like(harmonics), torch.empty_like(lengths)
 
 
@@ -124,7 +165,8 @@ def _setup(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad):
     grads = table_conv_backward(grad.contiguous(), *ctx.saved_tensors, ctx.skip, ctx.key)
-    return *grads, None, None, None, None, None, None, None
+    # Gradients for features, harmonics and lengths; none for the other eleven inputs.
+    return *grads, *([None] * 11)
 
 
 table_conv.register_autograd(_backward, setup_context=_setup)
@@ -165,7 +207,7 @@ class TabulatedConvolution(FusedConvolution):
         out = table_conv(
             features, edge_attrs.contiguous(), tp_weights.reshape(-1).contiguous(),
             self.table.coefficients, self.table.inverse_spacing, self.coefficients,
-            self.path_of, edge_index, self.skip, self.key,
+            self.path_of, edge_index, *edge_runs(edge_index, features), self.skip, self.key,
         )  # fmt: skip
         return out.reshape(atoms, -1)
 
