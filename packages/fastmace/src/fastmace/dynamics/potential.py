@@ -312,11 +312,8 @@ class Potential(torch.nn.Module):
         # edges or not): the weights are registered once, under ``model``.
         self._compiled_calls: dict[bool, Callable[..., dict[str, torch.Tensor]]] = {}
         # Models on cuEquivariance or OpenEquivariance kernels compile ahead of time on the
-        # CPU: whole evaluations kept in the cache root (dynamics/aot_potential.py). Not yet on
-        # CUDA: a package takes minutes to build there (160-201 s at 13,824 atoms), against
-        # about a minute for a cold torch.compile; it loads in 0.6 s (H100, stage 77), but its
-        # warm start and captured step are still to be compared with torch.compile's on one
-        # machine (docs/validation/performance.md); torch.compile serves CUDA, and e3nn models.
+        # CPU: whole evaluations kept in the cache root (dynamics/aot_potential.py). Not on
+        # CUDA (AHEAD_OF_TIME_DEVICES says why); torch.compile serves CUDA, and e3nn models.
         self.ahead_of_time = (
             self.compiled
             and not self.long_range
