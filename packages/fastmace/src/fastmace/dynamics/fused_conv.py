@@ -127,8 +127,8 @@ def edge_runs(edge_index: torch.Tensor, features: torch.Tensor) -> tuple[torch.T
     """The kernels' walk over the edges: each atom's incoming edges (receiver order and each
     atom's start in it), then its outgoing ones (conv_triton.runs), found once per call of a
     block's convolution and used by its forward and backward both; empty where the torch
-    formulas run instead. Plain torch operations, so a compiled model computes them once for
-    every block of an evaluation (the blocks share the edges)."""
+    formulas run instead. Plain torch operations, which a compiled graph sees as the same
+    work on the same edges in every block."""
     if not kernel_sources.kernels_run(features):
         empty = edge_index.new_empty(0)
         return empty, empty, empty, empty
