@@ -267,7 +267,7 @@ for name in ("tiny", "mp0-medium"):
         for dtype in (torch.float64, torch.float32):
             # Plain rows with no padding atom; pair rows (E/2) with one, as a Potential has.
             for skip, halves in ((0, 1), (1, 2)):
-                atoms, edges = 9, 60
+                atoms, edges = 7, 32  # about 5 edges per atom: tails of four
                 draw = lambda *shape: torch.randn(shape, generator=generator, dtype=dtype)
                 x, y = draw(atoms, d1, channels), draw(edges, d2)
                 w, g = draw(edges // halves, paths, channels), draw(atoms, d3, channels)
