@@ -1251,6 +1251,32 @@ mp0-medium/13824/fastmace-default,mp0-medium/32768/fastmace-default,mh-1/216/fas
 mh-1/1728/fastmace-default" > "$OUT/targets.log" 2>&1
   echo "targets: exit $?"; grep -E "ms/step|Error|error" "$OUT/targets.log" | tail -10
   ;;
+88)
+  # Stage 87 left out MH-1 (md_speed's plan had no MH-1 default case). MH-1's default path,
+  # and beside the default path cuEquivariance's best forced path (tables, compile, no own
+  # convolution) and mace-torch's calculator with cuEq, in one run.
+  timeout 560 python3 benchmarks/md_speed.py --out "$OUT/targets" --budget-s 520 \
+    --case-timeout-s 170 --only "mh-1/216/fastmace-default,mh-1/1728/fastmace-default,\
+mp0-medium/216/fastmace-cueq-table-compile,mp0-medium/1728/fastmace-cueq-table-compile,\
+mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/32768/fastmace-cueq-table-compile,\
+mp0-medium/1728/ase-cueq,mp0-medium/13824/ase-cueq" > "$OUT/targets.log" 2>&1
+  echo "targets: exit $?"; grep -E "ms/step|Error|error" "$OUT/targets.log" | tail -10
+  ;;
+89)
+  # Where the default path's time goes now (kernel tables of two replayed blocks): MH-1 at 216
+  # and 1,728 atoms (3.22 and 14.6 ms/step on an H100 against targets of 1.6 and 6), MP-0
+  # medium at 216 and 13,824. Then where a warm compiled start's 20.5 s go (stage 81), under
+  # cProfile and -X importtime, cold run first to fill the cache.
+  timeout 250 python3 benchmarks/md_speed.py --out "$OUT/profile" --budget-s 230 --profile \
+    --case-timeout-s 100 --only "mh-1/216/fastmace-default,mh-1/1728/fastmace-default,\
+mp0-medium/216/fastmace-default,mp0-medium/13824/fastmace-default" > "$OUT/profile.log" 2>&1
+  echo "profile: exit $?"; grep -E "ms/step|Error|error" "$OUT/profile.log" | tail -6
+  FASTMACE_CACHE=/tmp/fastmace-cache-89 timeout 320 python3 benchmarks/startup_time.py \
+    --atoms 13824 --steps 200 --timeout-s 200 --profile --importtime --out "$OUT/startup-13824" \
+    --extra=--compile > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824 (compiled, profiled): exit $?"
+  grep -h "start-up" "$OUT"/startup-13824/*.log
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
