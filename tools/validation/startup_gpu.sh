@@ -1277,6 +1277,16 @@ mp0-medium/216/fastmace-default,mp0-medium/13824/fastmace-default" > "$OUT/profi
   echo "start-up 13824 (compiled, profiled): exit $?"
   grep -h "start-up" "$OUT"/startup-13824/*.log
   ;;
+90)
+  # Issue 30: MH-1's radial MLPs were 8.2 of 14.8 ms per step at 1,728 atoms (stage 89). Now
+  # tabulated per pair of elements (dynamics/pair_table.py) and chosen by default: the GPU
+  # tests, then MH-1's default path beside its compiled MLPs (the previous default), profiled.
+  gpu_tests 90 150 "$tests/test_pair_table.py" "$tests/test_radial_table.py"
+  timeout 330 python3 benchmarks/md_speed.py --out "$OUT/mh1" --budget-s 300 --profile \
+    --case-timeout-s 120 --only "mh-1/216/fastmace-default,mh-1/1728/fastmace-default,\
+mh-1/216/fastmace-cueq-compile,mh-1/1728/fastmace-cueq-compile" > "$OUT/mh1.log" 2>&1
+  echo "mh-1: exit $?"; grep -E "ms/step|Error|error|     [0-9.]+ ms" "$OUT/mh1.log" | tail -40
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \

@@ -1007,7 +1007,7 @@ def test_radial_tables_by_default_where_the_model_allows_them(plan_for: PlanFor)
     assert "radial       table" in chosen.describe()
     # Each reason the rule keeps the MLPs: the model, the device, the dtype, long range.
     for changes, words in (
-        ({"tabulable_radials": False}, "see more than the distance"),
+        ({"tabulable_radials": False}, "more than the distance and the two elements"),
         ({"tabulable_radials": True, "device": "cpu"}, "float32 runs on CUDA"),
         ({"tabulable_radials": True, "precision": "float64"}, "float32 runs on CUDA"),
         ({"tabulable_radials": True, "long_range": True}, "long-range"),

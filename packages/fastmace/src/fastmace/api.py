@@ -136,6 +136,7 @@ def _model_facts(loaded: LoadedModel, plan: Plan) -> Workload:
     """``plan``'s Workload with what the loaded model says of itself."""
     from dataclasses import replace
 
+    from fastmace.dynamics.pair_table import pair_table_refusal
     from fastmace.dynamics.radial_table import table_refusal
     from fastmace.runtime.compile_costs import recorded_cost_s
     from fastmace.simulation import compile_identity
@@ -144,7 +145,9 @@ def _model_facts(loaded: LoadedModel, plan: Plan) -> Workload:
     return replace(
         plan.workload,
         long_range=loaded.description.model_type in LONG_RANGE_MODEL_TYPES,
-        tabulable_radials=table_refusal(loaded.module) is None,
+        tabulable_radials=(
+            table_refusal(loaded.module) is None or pair_table_refusal(loaded.module) is None
+        ),
         compile_cost_s=recorded_cost_s(compile_identity(loaded, plan)),
     )
 

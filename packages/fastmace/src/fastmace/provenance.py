@@ -451,8 +451,9 @@ def run_report(run: RunRecord, result: MDResult) -> str:
     elif run.potential.compile_failure:
         graphs += f", model uncompiled (compilation failed: {run.potential.compile_failure})"
     if (table := run.potential.table_report) is not None:
+        pairs = f", one per pair of elements ({table.element_pairs})" if table.element_pairs else ""
         graphs += (
-            f", radial weights from tables ({table.intervals} intervals, error "
+            f", radial weights from tables ({table.intervals} intervals{pairs}, error "
             f"{table.max_relative_error:.0e} of the weights)"
         )
     elif run.potential.table_failure:

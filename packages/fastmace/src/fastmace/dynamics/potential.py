@@ -72,11 +72,13 @@ from fastmace.dynamics.polar import (
     per_system_values,
     polar_graph,
 )
+from fastmace.dynamics.pair_table import PairRadialTable, pair_tabulated_model
 from fastmace.dynamics.product_basis import ProductBasisError, product_basis_model
 from fastmace.dynamics.radial_table import (
     RadialTable,
     TableError,
     TableReport,
+    table_refusal,
     tabulated_model,
 )
 from fastmace.dynamics.species_linear import SpeciesLinear, specialise_for_species
@@ -519,7 +521,10 @@ class Potential(torch.nn.Module):
         """``model`` with its radial weights read from tables; with ``fallback``, a model
         whose tables miss their tolerance keeps its radial MLPs, with a warning."""
         try:
-            self.model, self.table_report = tabulated_model(self.model)
+            if table_refusal(self.model) is None:
+                self.model, self.table_report = tabulated_model(self.model)
+            else:  # MH-1's blocks, distance transforms: a table per pair of elements
+                self.model, self.table_report = pair_tabulated_model(self.model, self.species)
         except TableError as error:
             if not fallback:
                 raise
@@ -844,7 +849,8 @@ def _traceable(model: torch.nn.Module, share_pair_radials: bool) -> torch.nn.Mod
     from mace.tools.compile import disable_e3nn_codegen, simplify
 
     accelerated = _has_accelerated_kernels(model)
-    if not accelerated and any(isinstance(module, RadialTable) for module in model.modules()):
+    tables = (RadialTable, PairRadialTable)
+    if not accelerated and any(isinstance(module, tables) for module in model.modules()):
         # Refused before anything is set up for compilation.
         raise ModelCompileError(
             "torch.compile rebuilds an e3nn model from its configuration, which has no radial "

@@ -58,6 +58,9 @@ class TableReport:
     spacing_A: float
     max_relative_error: float  # largest error / largest weight or slope, over the blocks
     megabytes: float
+    # Tables per radial function, one per ordered pair of the run's elements (pair_table.py);
+    # 0 where one table serves every pair (a function of the distance alone).
+    element_pairs: int = 0
 
 
 def table_refusal(model: torch.nn.Module) -> str | None:
@@ -236,13 +239,20 @@ def _float64_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module).to(torch.float64)
 
 
-def _evaluate(x: torch.Tensor, coefficients: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of w and of h dw/dr at x = r / h (1-D); both zero from the table's end on."""
-    intervals = coefficients.shape[0]
+def _evaluate(
+    x: torch.Tensor,
+    coefficients: torch.Tensor,
+    start: torch.Tensor | None = None,
+    intervals: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of w and of h dw/dr at x = r / h (1-D); both zero from the table's end on. With
+    ``start``, row i reads the table of ``intervals`` rows that begins at ``start[i]``."""
+    intervals = coefficients.shape[0] if intervals is None else intervals
     k = x.floor().clamp(0, intervals - 1)
     t = (x - k).clamp(0, 1)[:, None]
     inside = (x < intervals)[:, None]
-    c0, c1, c2, c3 = coefficients[k.long()].unbind(dim=1)
+    row = k.long() if start is None else k.long() + start
+    c0, c1, c2, c3 = coefficients[row].unbind(dim=1)
     value = c0 + t * (c1 + t * (c2 + t * c3))
     slope = c1 + t * (2 * c2 + 3 * t * c3)
     return value * inside, slope * inside

@@ -4,6 +4,8 @@ The same formulas as ``radial_table._evaluate`` (Horner's rule on each interval'
 ``tests/test_radial_table.py`` checks the two against each other in Triton's interpreter on
 the CPU and on the GPU. The lookup writes each weight once (the torch formula writes the four
 gathered coefficient rows first); the backward sums each pair's row of gradients in registers.
+With ``start``, each pair reads its own table among several stacked ones (pair_table.py: one per
+pair of elements): its intervals begin at row ``start[pair]`` of the coefficients.
 """
 
 from __future__ import annotations
@@ -17,22 +19,25 @@ COLUMNS = 128  # weights per program (lookup) or per loop step (backward)
 
 
 @triton.jit
-def _interval(lengths, pair, valid, inverse_spacing, intervals):
-    """Interval k, position t in [0, 1] and whether r lies inside the table."""
+def _interval(lengths, pair, valid, inverse_spacing, intervals, start, HAS_START: tl.constexpr):
+    """Row k of the interval, position t in [0, 1] and whether r lies inside the table."""
     x = tl.load(lengths + pair, mask=valid, other=0.0) * tl.load(inverse_spacing)
     k = tl.minimum(tl.maximum(tl.floor(x), 0.0), intervals - 1.0)
     t = tl.minimum(tl.maximum(x - k, 0.0), 1.0)
-    return k.to(tl.int64), t, x < intervals
+    row = k.to(tl.int64)
+    if HAS_START:
+        row += tl.load(start + pair, mask=valid, other=0).to(tl.int64)
+    return row, t, x < intervals
 
 
 @triton.jit
-def _lookup(lengths, coefficients, out, pairs, width, inverse_spacing, intervals,
-            PAIRS: tl.constexpr, COLUMNS: tl.constexpr):  # fmt: skip
+def _lookup(lengths, coefficients, out, pairs, width, inverse_spacing, intervals, start,
+            HAS_START: tl.constexpr, PAIRS: tl.constexpr, COLUMNS: tl.constexpr):  # fmt: skip
     # 64-bit: pair * width passes 2^31 beyond 1.6 million pairs of 1,280 weights.
     pair = (tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)).to(tl.int64)
     column = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
     valid = pair < pairs
-    k, t, inside = _interval(lengths, pair, valid, inverse_spacing, intervals)
+    k, t, inside = _interval(lengths, pair, valid, inverse_spacing, intervals, start, HAS_START)
     t = t[:, None]
     mask = valid[:, None] & (column[None, :] < width)
     row = 4 * k[:, None] * width + column[None, :]
@@ -46,11 +51,12 @@ def _lookup(lengths, coefficients, out, pairs, width, inverse_spacing, intervals
 
 @triton.jit
 def _lookup_backward(grad, lengths, coefficients, out, pairs, width, inverse_spacing,
-                     intervals, PAIRS: tl.constexpr, COLUMNS: tl.constexpr):  # fmt: skip
+                     intervals, start, HAS_START: tl.constexpr, PAIRS: tl.constexpr,
+                     COLUMNS: tl.constexpr):  # fmt: skip
     # 64-bit: pair * width passes 2^31 beyond 1.6 million pairs of 1,280 weights.
     pair = (tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)).to(tl.int64)
     valid = pair < pairs
-    k, t, inside = _interval(lengths, pair, valid, inverse_spacing, intervals)
+    k, t, inside = _interval(lengths, pair, valid, inverse_spacing, intervals, start, HAS_START)
     t = t[:, None]
     total = tl.zeros([PAIRS], dtype=out.dtype.element_ty)
     for start in range(0, width, COLUMNS):
@@ -67,14 +73,21 @@ def _lookup_backward(grad, lengths, coefficients, out, pairs, width, inverse_spa
 
 
 def lookup(
-    lengths: torch.Tensor, coefficients: torch.Tensor, inverse_spacing: torch.Tensor
+    lengths: torch.Tensor,
+    coefficients: torch.Tensor,
+    inverse_spacing: torch.Tensor,
+    start: torch.Tensor | None = None,
+    intervals: int | None = None,
 ) -> torch.Tensor:
-    """(P,) lengths -> (P, W) weights."""
+    """(P,) lengths -> (P, W) weights; with ``start`` (P,) each pair's table begins at that
+    row of ``coefficients`` and has ``intervals`` rows."""
     lengths = lengths.contiguous()
-    pairs, intervals, width = lengths.shape[0], coefficients.shape[0], coefficients.shape[2]
+    pairs, width = lengths.shape[0], coefficients.shape[2]
+    intervals = coefficients.shape[0] if intervals is None else intervals
     out = torch.empty((pairs, width), dtype=coefficients.dtype, device=coefficients.device)
     grid = (triton.cdiv(pairs, PAIRS), triton.cdiv(width, COLUMNS))
     _lookup[grid](lengths, coefficients, out, pairs, width, inverse_spacing, intervals,
+                  lengths if start is None else start.contiguous(), HAS_START=start is not None,
                   PAIRS=PAIRS, COLUMNS=COLUMNS)  # fmt: skip
     return out
 
@@ -84,13 +97,17 @@ def lookup_backward(
     lengths: torch.Tensor,
     coefficients: torch.Tensor,
     inverse_spacing: torch.Tensor,
+    start: torch.Tensor | None = None,
+    intervals: int | None = None,
 ) -> torch.Tensor:
-    """dL/dw (P, W) -> dL/dr (P,)."""
+    """dL/dw (P, W) -> dL/dr (P,); ``start`` and ``intervals`` as for :func:`lookup`."""
     lengths, grad = lengths.contiguous(), grad.contiguous()
-    pairs, intervals, width = lengths.shape[0], coefficients.shape[0], coefficients.shape[2]
+    pairs, width = lengths.shape[0], coefficients.shape[2]
+    intervals = coefficients.shape[0] if intervals is None else intervals
     out = torch.empty_like(lengths)
     _lookup_backward[(triton.cdiv(pairs, PAIRS),)](
         grad, lengths, coefficients, out, pairs, width, inverse_spacing, intervals,
+        lengths if start is None else start.contiguous(), HAS_START=start is not None,
         PAIRS=PAIRS, COLUMNS=COLUMNS,
     )  # fmt: skip
     return out

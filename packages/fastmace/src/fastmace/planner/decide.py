@@ -322,8 +322,8 @@ def _radial_table(
         return Decision(
             "radial_table",
             False,
-            "rule: the radial MLPs run as trained: this model's see more than the distance "
-            "(MH-1, density blocks, distance transforms), or it is not loaded yet",
+            "rule: the radial MLPs run as trained: this model's read more than the distance "
+            "and the two elements (attention blocks), or it is not loaded yet",
             RULE,
         )
     if compiled and backend == "e3nn":
