@@ -65,6 +65,7 @@ from fastmace.dynamics.module_copy import copy_modules_of, weight_sharing_copy
 from fastmace.dynamics.overflow import available_memory_bytes
 from fastmace.dynamics.padding import padding_nodes
 from fastmace.dynamics.pair_radials import pair_shared_model
+from fastmace.dynamics.pair_table import PairRadialTable, pair_tabulated_model
 from fastmace.dynamics.polar import (
     LONG_RANGE_MODEL_TYPES,
     PerSystem,
@@ -72,7 +73,6 @@ from fastmace.dynamics.polar import (
     per_system_values,
     polar_graph,
 )
-from fastmace.dynamics.pair_table import PairRadialTable, pair_tabulated_model
 from fastmace.dynamics.product_basis import ProductBasisError, product_basis_model
 from fastmace.dynamics.radial_table import (
     RadialTable,
