@@ -1287,6 +1287,14 @@ mp0-medium/216/fastmace-default,mp0-medium/13824/fastmace-default" > "$OUT/profi
 mh-1/216/fastmace-cueq-compile,mh-1/1728/fastmace-cueq-compile" > "$OUT/mh1.log" 2>&1
   echo "mh-1: exit $?"; grep -E "ms/step|Error|error|     [0-9.]+ ms" "$OUT/mh1.log" | tail -40
   ;;
+91)
+  # Stage 90's default cases failed building the tables (a float64 copy of cuEquivariance's
+  # element embedding ran on two devices; the block's own embedding now serves): again.
+  timeout 250 python3 benchmarks/md_speed.py --out "$OUT/mh1" --budget-s 230 --profile \
+    --case-timeout-s 110 --only "mh-1/216/fastmace-default,mh-1/1728/fastmace-default" \
+    > "$OUT/mh1.log" 2>&1
+  echo "mh-1: exit $?"; grep -E "ms/step|Error|error|     [0-9.]+ ms" "$OUT/mh1.log" | tail -40
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \

@@ -201,13 +201,17 @@ class _PairInputs:
 
 def _element_features(block: torch.nn.Module, inputs: _PairInputs) -> torch.Tensor | None:
     """(pairs, 2 D): the sender's and the receiver's embeddings of each pair, or None for a
-    block without them. Computed once: they do not depend on the distance."""
+    block without them. Computed once (they do not depend on the distance), by the block's
+    own modules in the model's dtype, as a run computes them: a linear map of a one-hot row
+    (cuEquivariance's, whose float64 copy would not run) picks one row of its weights."""
     if not hasattr(block, "source_embedding"):
         return None
+    like = next(block.conv_tp_weights.parameters())
+    attrs = inputs.node_attrs.to(like.dtype)
     with torch.no_grad():
-        source = _float64_copy(block.source_embedding)(inputs.node_attrs)[0::2]
-        target = _float64_copy(block.target_embedding)(inputs.node_attrs)[1::2]
-    return torch.cat([source, target], dim=-1)
+        source = block.source_embedding(attrs)[0::2]
+        target = block.target_embedding(attrs)[1::2]
+    return torch.cat([source, target], dim=-1).to(torch.float64)
 
 
 class ElementPairEmbedding(torch.nn.Module):
