@@ -104,31 +104,44 @@ def test_beyond_the_cutoff_the_weights_and_their_slope_are_zero():
     assert bool((slope == 0).all())
 
 
-def test_models_whose_weights_are_not_a_function_of_the_distance_are_refused(monkeypatch):
-    # MH-1's blocks feed the two elements to their radial MLPs.
-    with pytest.raises(TableError, match=r"cannot be tabulated: its RealAgnosticResidualNonLin"):
-        Potential(model_of("mh-1", torch.float32), [29, 8], "omat_pbe", radial_table=True)
+@pytest.fixture
+def attention(monkeypatch) -> str:
+    """A template whose radial MLPs read the node features (not tabulable at all)."""
+    shape = dataclasses.replace(
+        TEMPLATES["tiny"], interaction="RealAgnosticAttResidualInteractionBlock"
+    )
+    monkeypatch.setitem(TEMPLATES, "tiny-attention", shape)
+    return "tiny-attention"
+
+
+def test_models_whose_weights_are_not_a_function_of_the_distance_are_refused(
+    monkeypatch, attention
+):
+    # A distance transform makes the weights depend on the elements too: not one table (the
+    # potential builds one per pair of elements instead, tests/test_pair_table.py).
     extra = {"distance_transform": "Agnesi"}
     agnesi = dataclasses.replace(TEMPLATES["tiny"], extra=extra)
     monkeypatch.setitem(TEMPLATES, "tiny-agnesi", agnesi)
     with pytest.raises(TableError, match="distance transform"):
         tabulated_model(template("tiny-agnesi", dtype=torch.float32))
+    with pytest.raises(TableError, match=r"cannot be tabulated: its RealAgnosticAttResidual"):
+        Potential(template(attention, dtype=torch.float32), [29, 8], radial_table=True)
     with pytest.raises(UnsupportedModelError, match="leave radial_table off"):
         Potential(template("polar-tiny", dtype=torch.float32), [1, 8], radial_table=True)
     # Tables the planner chose (fallback on) that cannot be built: the MLPs run, with a warning.
-    with pytest.warns(RuntimeWarning, match="distance transform.*the radial MLPs run as trained"):
+    with pytest.warns(RuntimeWarning, match="RealAgnosticAtt.*the radial MLPs run as trained"):
         chosen = Potential(
-            template("tiny-agnesi", dtype=torch.float32), [1, 8], radial_table=True,
+            template(attention, dtype=torch.float32), [1, 8], radial_table=True,
             radial_table_fallback=True,
         )  # fmt: skip
-    assert chosen.table_report is None and "distance transform" in (chosen.table_failure or "")
+    assert chosen.table_report is None and "RealAgnosticAtt" in (chosen.table_failure or "")
 
 
-def test_a_run_whose_model_cannot_have_tables_writes_nothing(tmp_path):
-    atoms = ase.build.bulk("NaCl", "rocksalt", a=5.64, cubic=True)
-    with pytest.raises(TableError, match="RealAgnosticResidualNonLinearInteractionBlock"):
+def test_a_run_whose_model_cannot_have_tables_writes_nothing(tmp_path, attention):
+    atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True)
+    with pytest.raises(TableError, match="RealAgnosticAttResidualInteractionBlock"):
         fm.md(
-            atoms, model="template:mh-1", head="omat_pbe", dtype="float32", temperature_K=300.0,
+            atoms, model=f"template:{attention}", dtype="float32", temperature_K=300.0,
             steps=2, radial_table=True, output=tmp_path / "run",
         )  # fmt: skip
     assert not (tmp_path / "run").exists()
