@@ -233,7 +233,7 @@ def full_plan() -> list[Case]:
     # 0. fm.md's own plan with no options (the default path) at every MP-0-medium size and
     # at issue 30's MH-1 sizes.
     default = [Case("mp0-medium", n, "fastmace", "default") for n in (216, 1728, 13824, 32768)]
-    default += [Case("mh-1", n, "fastmace", "default") for n in (216, 1728)]
+    default += [Case("mh-1", n, "fastmace", "default") for n in (216, 1728, 13824)]
     main = (("fastmace", "hybrid"), ("ase", "cueq"), ("fastmace", "cueq"), ("ase", "hybrid"))
     small = [("mp0-medium", 1728), ("mp0-medium", 216), ("mh-1", 216), ("mh-1", 1728)]
     large = [("mp0-medium", 13824), ("mp0-medium", 32768)]

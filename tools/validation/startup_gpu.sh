@@ -1295,6 +1295,14 @@ mh-1/216/fastmace-cueq-compile,mh-1/1728/fastmace-cueq-compile" > "$OUT/mh1.log"
     > "$OUT/mh1.log" 2>&1
   echo "mh-1: exit $?"; grep -E "ms/step|Error|error|     [0-9.]+ ms" "$OUT/mh1.log" | tail -40
   ;;
+92)
+  # With pair tables MH-1 gets FastMACE's convolution by default from 3,000 atoms (the
+  # planner's rule was fitted on MP-0): does MH-1's default path at 13,824 atoms run, and at
+  # what speed (the last minutes of a session's device time).
+  timeout 200 python3 benchmarks/md_speed.py --out "$OUT/mh1-large" --budget-s 190 \
+    --case-timeout-s 185 --only "mh-1/13824/fastmace-default" > "$OUT/mh1-large.log" 2>&1
+  echo "mh-1 13824: exit $?"; grep -E "ms/step|Error|error|Warning" "$OUT/mh1-large.log" | tail
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \

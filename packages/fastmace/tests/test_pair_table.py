@@ -18,6 +18,8 @@ from helpers.structures import cluster, small_cell, triclinic_mixed
 import fastmace as fm
 from fastmace.dynamics.pair_table import (
     PairRadialTable,
+    pair_radial_table,
+    pair_radial_table_backward,
     pair_table_refusal,
     pair_tabulated_model,
 )
@@ -137,6 +139,22 @@ def test_an_mh1_run_records_its_pair_tables_and_passes_the_gate(tmp_path):
     assert document["engine"]["radial_table"]["element_pairs"] == 4
     assert document["gate"]["passed"] and document["gate"]["radial_table"] is True
     assert "one per pair of elements (4)" in (tmp_path / "run" / "report.txt").read_text()
+
+
+def test_the_pair_table_ops_keep_their_fakes_promises():
+    """torch.library.opcheck: schema, fakes (what torch.compile traces) and autograd."""
+    generator = torch.Generator().manual_seed(3)
+    intervals = 8
+    coefficients = torch.randn(3 * intervals, 4, 5, dtype=torch.float64, generator=generator)
+    lengths = (torch.rand(11, dtype=torch.float64, generator=generator) * 7).requires_grad_()
+    start = torch.randint(0, 3, (11,), generator=generator) * intervals
+    inverse = torch.tensor(intervals / 6.0, dtype=torch.float64)
+    grad = torch.randn(11, 5, dtype=torch.float64, generator=generator)
+    torch.library.opcheck(pair_radial_table, (lengths, start, coefficients, inverse, intervals))
+    torch.library.opcheck(
+        pair_radial_table_backward,
+        (grad, lengths.detach(), start, coefficients, inverse, intervals),
+    )
 
 
 COMPARE = """
