@@ -81,6 +81,15 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 80  # conv GPU test; stage 77's five GPU tests again
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 81  # compiled start-up: torch.compile, then AOT
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 82  # a million atoms' set-up (H200 only)
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 86  # own conv, runs once per block; default 13,824
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 87  # the default path at the targets' sizes
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 88  # MH-1's default; cuEq's forced path beside
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 89  # kernel profiles; a warm start profiled
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 90  # pair tables: GPU tests, MH-1 (failed build)
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 91  # pair tables: MH-1 at 216 and 1,728
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 92  # MH-1's default at 13,824
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 93  # issue 30's targets table in one run (H200)
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 94  # issue 30's kernel rows at 13,824 (H200)
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1302,6 +1311,28 @@ mh-1/216/fastmace-cueq-compile,mh-1/1728/fastmace-cueq-compile" > "$OUT/mh1.log"
   timeout 200 python3 benchmarks/md_speed.py --out "$OUT/mh1-large" --budget-s 190 \
     --case-timeout-s 185 --only "mh-1/13824/fastmace-default" > "$OUT/mh1-large.log" 2>&1
   echo "mh-1 13824: exit $?"; grep -E "ms/step|Error|error|Warning" "$OUT/mh1-large.log" | tail
+  ;;
+93)
+  # Issue 30's "Done when" (H200): the targets table in one recorded run, every default-path
+  # row beside cuEquivariance's best path without FastMACE's kernels (MP-0: tables and compile;
+  # MH-1: compile, its MLPs as trained). The defaults first: the budget stops new cases.
+  timeout 590 python3 benchmarks/md_speed.py --out "$OUT/targets" --budget-s 540 \
+    --case-timeout-s 170 --only "mp0-medium/216/fastmace-default,mp0-medium/1728/fastmace-default,\
+mp0-medium/13824/fastmace-default,mp0-medium/32768/fastmace-default,mh-1/216/fastmace-default,\
+mh-1/1728/fastmace-default,mp0-medium/216/fastmace-cueq-table-compile,\
+mp0-medium/1728/fastmace-cueq-table-compile,mp0-medium/13824/fastmace-cueq-table-compile,\
+mp0-medium/32768/fastmace-cueq-table-compile,mh-1/216/fastmace-cueq-compile,\
+mh-1/1728/fastmace-cueq-compile" > "$OUT/targets.log" 2>&1
+  echo "targets: exit $?"; grep -E "ms/step|Error|error" "$OUT/targets.log" | tail -14
+  ;;
+94)
+  # The kernel rows of issue 30's table (H200): the convolution and the product basis, forward
+  # and backward at 13,824 atoms, ours against cuEquivariance's on the same inputs.
+  timeout 250 python3 benchmarks/conv_kernels.py --atoms 13824 --out "$OUT/conv" \
+    > "$OUT/conv_kernels.log" 2>&1
+  echo "convolution kernels: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log" | cut -c1-110
+  product_kernels 250 13824
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

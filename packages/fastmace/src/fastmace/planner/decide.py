@@ -68,6 +68,7 @@ RADIAL_TABLE_REASON = (
     "measured: each block's radial weights read from a table checked at build to 1e-6 of the "
     "weights, forces as close to float64 e3nn as the MLP's (7.3e-8 against 8.0e-8 eV/Å) and "
     "8-14 % faster steps from 1,728 atoms (H200, MP-0 medium; docs/validation/performance.md); "
+    "for MH-1, one table per pair of elements, 1.29-1.41x (H100, 216 and 1,728 atoms); "
     "EngineConfig(radial_table=False) turns it off"
 )
 PRODUCT_BASIS_REASON = (
