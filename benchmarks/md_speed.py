@@ -271,6 +271,9 @@ def full_plan() -> list[Case]:
     cases += [Case("mp0-medium", n, "fastmace", v) for n in (4096, 8000)
               for v in ("cueq-table-compile", "cueq-conv-table-compile")]  # fmt: skip
     cases.append(Case("mp0-medium", 32768, "fastmace", "cueq-conv-table-compile"))
+    # MH-1's tables per pair of elements, apart and read inside FastMACE's convolution.
+    cases += [Case("mh-1", n, "fastmace", v) for n in (1728, 13824)
+              for v in ("cueq-table-compile", "cueq-conv-table-compile")]  # fmt: skip
     return cases
 
 

@@ -90,6 +90,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 92  # MH-1's default at 13,824
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 93  # issue 30's targets table in one run (H200)
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 94  # issue 30's kernel rows at 13,824 (H200)
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 95  # MH-1's pair tables inside the convolution
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1333,6 +1334,17 @@ mh-1/1728/fastmace-cueq-compile" > "$OUT/targets.log" 2>&1
   echo "convolution kernels: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log" | cut -c1-110
   product_kernels 250 13824
+  ;;
+95)
+  # MH-1's pair tables read inside FastMACE's convolution (table_conv.py with start rows):
+  # the GPU tests, then MH-1 with the tables apart and inside, compiled, at 1,728 and 13,824
+  # atoms (stage 92's default at 13,824, tables apart: 63.3 ms).
+  gpu_tests 95 200 "$tests/test_pair_table.py" "$tests/test_fused_conv.py"
+  timeout 380 python3 benchmarks/md_speed.py --out "$OUT/mh1-conv" --budget-s 350 \
+    --case-timeout-s 170 --only "mh-1/1728/fastmace-cueq-table-compile,\
+mh-1/1728/fastmace-cueq-conv-table-compile,mh-1/13824/fastmace-cueq-table-compile,\
+mh-1/13824/fastmace-cueq-conv-table-compile" > "$OUT/mh1-conv.log" 2>&1
+  echo "mh-1 conv: exit $?"; grep -E "ms/step|Error|error" "$OUT/mh1-conv.log" | tail -8
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -291,19 +291,27 @@ for name in ("tiny", "mp0-medium"):
                 ]
             # The weights read from a radial table inside the kernels, as a Potential runs them
             # (pair rows, a padding atom); lengths from 0 to past the table's end.
+            # In float32, one table per pair of elements (two pairs, pair_table.py): each
+            # row's interpolation starts at its pair's first interval.
             intervals, spacing = 8, 0.5
-            table = draw(intervals, 4, paths * channels).to({device!r})
+            pairs = 2 if dtype == torch.float32 else 1
+            table = draw(pairs * intervals, 4, paths * channels).to({device!r})
             inverse = torch.tensor(1 / spacing, dtype=dtype, device={device!r})
             lengths = torch.rand(edges // 2, generator=generator, dtype=torch.float64)
             lengths = (lengths * intervals * spacing * 1.1).to({device!r}, dtype)
+            start = None
+            if pairs > 1:
+                start = torch.randint(0, pairs, (edges // 2,), generator=generator) * intervals
+                start = start.to({device!r})
             inputs = (lengths, table, inverse, t)
-            want = [table_conv_reference(x, y, *inputs, paths_of, index, skip)]
-            want += table_conv_backward_reference(g, x, y, *inputs, paths_of, index, skip)
+            tail = (start, intervals)
+            want = [table_conv_reference(x, y, *inputs, paths_of, index, skip, *tail)]
+            want += table_conv_backward_reference(g, x, y, *inputs, paths_of, index, skip, *tail)
             got = [conv_triton.forward_from_table(key, x, y, *inputs, index[0], receiver_runs,
-                                                  skip, threads, step)]
+                                                  skip, threads, step, *tail)]
             *grads, per_edge = conv_triton.backward_from_table(
                 key, g, x, y, *inputs, index, receiver_runs, conv_triton.runs(index[0], atoms),
-                skip, threads, step,
+                skip, threads, step, *tail,
             )
             got += [*grads, per_edge.view(2, -1).sum(0)]
             report[f"{{name}} {{dtype}} {{threads}}x{{step}} table"] = [
@@ -382,6 +390,11 @@ def test_the_custom_ops_keep_their_fakes_promises():
     torch.library.opcheck(table_conv, inputs)
     plain = [tensor.detach() for tensor in inputs[:3]]
     torch.library.opcheck(table_conv_backward, (grad, *plain, *inputs[3:]))
+    # Tables per pair of elements: the six rows as two of three intervals, a start per edge.
+    start = torch.randint(0, 2, (edges // 2,), generator=generator) * 3
+    paired = (*inputs, start, 3)
+    torch.library.opcheck(table_conv, paired)
+    torch.library.opcheck(table_conv_backward, (grad, *plain, *paired[3:]))
 
 
 @pytest.mark.parametrize("step", [1, 4])
@@ -400,7 +413,8 @@ def test_the_kernels_compile_for_hopper(monkeypatch, step):
     generated = conv_codegen.kernels(key, literal=True)
     compiled: list[str] = []
     names = [(generated, "_forward"), (generated, "_backward"), (kernels, "_sum_by_sender"),
-             (kernels, "_zero_skipped_edges")]  # fmt: skip
+             (kernels, "_zero_skipped_edges"), (generated, "_forward_table"),
+             (generated, "_backward_table")]  # fmt: skip
     for module, name in names:
         monkeypatch.setattr(module, name, CompileForHopper(getattr(module, name), compiled))
     d1, d2, d3 = coupling.coefficients.shape
@@ -415,9 +429,19 @@ def test_the_kernels_compile_for_hopper(monkeypatch, step):
         kernels.backward(
             key, torch.zeros(atoms, d3, c), x, y, w, t, index, runs, runs, 1, step=step
         )
+        # The table kernels with a table per pair of elements (the start rows' branch).
+        lengths, table = torch.zeros(edges), torch.zeros(2 * 4, 4, p * c)
+        table_inputs = (lengths, table, torch.tensor(1.0), t)
+        start, steps = torch.zeros(edges, dtype=torch.int64), {"step": step, "intervals": 4}
+        kernels.forward_from_table(key, x, y, *table_inputs, index[0], runs, 1, start=start,
+                                   **steps)  # fmt: skip
+        kernels.backward_from_table(key, torch.zeros(atoms, d3, c), x, y, *table_inputs, index,
+                                    runs, runs, 1, start=start, **steps)  # fmt: skip
     finally:
         kernel_sources.forget(conv_codegen.module_name(key, literal=True))  # not kernels now
-    assert compiled == ["_forward", "_backward", "_sum_by_sender", "_zero_skipped_edges"]
+    assert compiled == ["_forward", "_backward", "_sum_by_sender", "_zero_skipped_edges",
+                        "_forward_table", "_backward_table", "_sum_by_sender",
+                        "_zero_skipped_edges"]  # fmt: skip
 
 
 def test_the_generated_kernels_hold_only_the_couplings_nonzero_entries():

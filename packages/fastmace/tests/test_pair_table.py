@@ -109,6 +109,34 @@ def test_each_pair_reads_its_own_table(variants):
                for i in range(4) for j in range(i))  # fmt: skip
 
 
+@pytest.mark.parametrize(("name", "inside"), [("tiny-nonlinear", True),
+                                             ("tiny-nonlinear-agnesi", False)])  # fmt: skip
+def test_with_the_own_convolution_pair_tables_are_read_inside_it(variants, name, inside):
+    """FastMACE's convolution reads each edge's pair table itself (the weights never
+    stored) and gives what the tables and the convolution give one after the other; where the
+    model applies its cutoff after the MLP the block multiplies the weights by it, so there
+    the tables stay outside the convolution."""
+    from fastmace.dynamics.table_conv import TabulatedConvolution
+    from fastmace.models import backends
+
+    model = backends.convert(template(name, dtype=torch.float64), "cueq", "cpu")
+    state = State.from_atoms(structures())
+    apart = Potential(model, SPECIES, radial_table=True)
+    together = Potential(model, SPECIES, radial_table=True, fused_convolution=True)
+    assert together.fused_convolution_used
+    convolutions = [block.conv_tp for block in together.model.interactions]
+    assert all(isinstance(c, TabulatedConvolution) == inside for c in convolutions)
+    if inside:
+        assert all(isinstance(c.table, PairRadialTable) for c in convolutions)
+    edges = model_edges(state, apart.r_max)
+    want = apart(state, edges, compute_stress=True)
+    got = together(state, edges, compute_stress=True)
+    for quantity in ("energy", "forces", "stress"):
+        torch.testing.assert_close(
+            getattr(got, quantity), getattr(want, quantity), rtol=1e-10, atol=1e-12
+        )
+
+
 def test_blocks_that_read_more_than_distance_and_elements_are_refused(monkeypatch):
     shape = dataclasses.replace(
         TEMPLATES["tiny"], interaction="RealAgnosticAttResidualInteractionBlock"

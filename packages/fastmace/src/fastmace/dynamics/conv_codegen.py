@@ -161,7 +161,10 @@ class _Writer:
                 "        inside = (x < intervals)[:, None]",
                 "        k = tl.minimum(tl.maximum(tl.floor(x), 0.0), last)",
                 "        t = tl.minimum(tl.maximum(x - k, 0.0), 1.0)[:, None]",
-                f"        cubic = table + k.to(tl.int64)[:, None] * 4 * {width} + c[None, :]",
+                "        interval = k.to(tl.int64)",
+                "        if HAS_START:  # the table of the edge's pair of elements (pair_table.py)",
+                "            interval += tl.load(start + edge % weight_rows, mask=live, other=0)",
+                f"        cubic = table + interval[:, None] * 4 * {width} + c[None, :]",
             ]
             for p in self.used_paths():
                 lines += [
@@ -191,7 +194,7 @@ class _Writer:
 
 # What each kernel reads besides the coupling's inputs: the weights, or the radial table.
 _WEIGHTS = "weights"
-_TABLE = "lengths, table, inverse_spacing"
+_TABLE = "lengths, table, inverse_spacing, start"
 _TABLE_PROLOGUE = [
     "    inverse_spacing = tl.load(inverse_spacing)",
     "    last = (intervals - 1).to(inverse_spacing.dtype)",
@@ -202,7 +205,9 @@ def kernel_source(coefficients: torch.Tensor, path_of: torch.Tensor, literal: bo
     """The Triton source of the kernels for this coupling: ``_forward`` and ``_backward``
     read the radial weights (rows, P, C); ``_forward_table`` and ``_backward_table`` read
     each edge's length instead and interpolate the weights from the block's radial table
-    (N, 4, P*C), so that the per-edge weights and their gradient never reach memory."""
+    (N, 4, P*C), so that the per-edge weights and their gradient never reach memory. With
+    ``HAS_START`` the table holds one table of ``intervals`` rows per pair of elements, and
+    row e of ``start`` says where edge e's begins."""
     write = _Writer(coefficients, path_of, literal)
     head = ["import triton", "import triton.language as tl", "", ""]
     parts = [
@@ -222,7 +227,7 @@ def _zeros(shape: str, like: str) -> str:
 def _forward(write: _Writer, table: bool) -> list[str]:
     d3 = write.d3
     name, reads = ("_forward_table", _TABLE) if table else ("_forward", _WEIGHTS)
-    extra = ", intervals" if table else ""
+    extra = ", intervals, HAS_START: tl.constexpr" if table else ""
     return [
         "@triton.jit",
         f"def {name}(features, harmonics, {reads}, coefficients, sender, order, starts, out,",
@@ -249,7 +254,7 @@ def _backward(write: _Writer, table: bool) -> list[str]:
     d1, d2, d3, paths = write.d1, write.d2, write.d3, write.paths
     name, reads = ("_backward_table", _TABLE) if table else ("_backward", _WEIGHTS)
     gradient = "grad_lengths" if table else "grad_weights"
-    extra = ", intervals" if table else ""
+    extra = ", intervals, HAS_START: tl.constexpr" if table else ""
     indent = " " * 12
     lines = [
         "@triton.jit",

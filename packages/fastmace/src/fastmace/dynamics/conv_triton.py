@@ -147,12 +147,30 @@ def forward_from_table(
     skip: int,
     threads: int = THREADS,
     step: int = STEP,
+    start: torch.Tensor | None = None,
+    intervals: int | None = None,
 ) -> torch.Tensor:
     """:func:`forward` with each edge's weights interpolated from a radial table (N, 4, P*C;
-    radial_table.py) at ``lengths`` (rows,), edge e reading row e mod rows."""
-    return _forward("_forward_table", (lengths, table, inverse_spacing), lengths.shape[0],
-                    (table.shape[0],), key, features, harmonics, coefficients, sender,
-                    receiver_runs, skip, threads, step)  # fmt: skip
+    radial_table.py) at ``lengths`` (rows,), edge e reading row e mod rows. With ``start``
+    (rows,), tables of ``intervals`` rows one per pair of elements (pair_table.py), row e's
+    beginning at ``start[e]``."""
+    reads, extra = _table_reads(lengths, table, inverse_spacing, start, intervals)
+    return _forward(
+        "_forward_table", reads, lengths.shape[0], extra, key, features, harmonics,
+        coefficients, sender, receiver_runs, skip, threads, step,
+    )  # fmt: skip
+
+
+def _table_reads(
+    lengths: torch.Tensor,
+    table: torch.Tensor,
+    inverse_spacing: torch.Tensor,
+    start: torch.Tensor | None,
+    intervals: int | None,
+) -> tuple[tuple[torch.Tensor, ...], tuple]:
+    """The table kernels' inputs and their integers after ``weight_rows``."""
+    reads = (lengths, table, inverse_spacing, lengths if start is None else start)
+    return reads, (table.shape[0] if intervals is None else intervals, start is not None)
 
 
 def _forward(
@@ -224,16 +242,19 @@ def backward_from_table(
     skip: int,
     threads: int = THREADS,
     step: int = STEP,
+    start: torch.Tensor | None = None,
+    intervals: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dL/d(features) (N, D1, C), dL/d(harmonics) (E, D2), dL/d(length) per edge (E,): the
-    weights' gradient meets the table's slope inside the kernel and is never written."""
+    weights' gradient meets the table's slope inside the kernel and is never written.
+    ``start`` and ``intervals`` as for :func:`forward_from_table`."""
     edges = harmonics.shape[0]
     _, tiles, _ = _launch(key, features, threads, step)
     partial = torch.empty((edges, tiles), dtype=grad.dtype, device=grad.device)
+    reads, extra = _table_reads(lengths, table, inverse_spacing, start, intervals)
     grad_features, grad_harmonics = _backward(
-        "_backward_table", (lengths, table, inverse_spacing), lengths.shape[0],
-        (table.shape[0],), partial, key, grad, features, harmonics, coefficients, edge_index,
-        receiver_runs, sender_runs, skip, threads, step,
+        "_backward_table", reads, lengths.shape[0], extra, partial, key, grad, features,
+        harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip, threads, step,
     )  # fmt: skip
     return grad_features, grad_harmonics, partial.sum(dim=1)
 

@@ -30,14 +30,26 @@ from fastmace.dynamics.fused_conv import (
     edge_runs,
 )
 from fastmace.dynamics.module_copy import shallow_copy
+from fastmace.dynamics.pair_table import PairRadialTable
 from fastmace.dynamics.radial_table import RadialTable, _evaluate
 
 
+def _intervals(table: RadialTable | PairRadialTable) -> int:
+    """The intervals of one table (of each pair's, for a table per pair of elements)."""
+    return table.intervals if isinstance(table, PairRadialTable) else table.coefficients.shape[0]
+
+
 def _table_weights(
-    lengths: torch.Tensor, table: torch.Tensor, inverse_spacing: torch.Tensor, paths: int
+    lengths: torch.Tensor,
+    table: torch.Tensor,
+    inverse_spacing: torch.Tensor,
+    paths: int,
+    start: torch.Tensor | None = None,
+    intervals: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weights (rows, P, C) at ``lengths`` and their slopes h dw/dr, from the table."""
-    values, slopes = _evaluate(lengths * inverse_spacing, table)
+    """The weights (rows, P, C) at ``lengths`` and their slopes h dw/dr, from the table (with
+    ``start``, from each row's table of ``intervals`` rows: pair_table.py)."""
+    values, slopes = _evaluate(lengths * inverse_spacing, table, start, intervals or None)
     rows = lengths.shape[0]
     return values.reshape(rows, paths, -1), slopes.reshape(rows, paths, -1)
 
@@ -52,10 +64,12 @@ def table_conv_reference(
     path_of: torch.Tensor,
     edge_index: torch.Tensor,
     skip: int,
+    start: torch.Tensor | None = None,
+    intervals: int = 0,
 ) -> torch.Tensor:
     """:func:`table_conv` in torch: the table's weights, then the convolution's formulas."""
     paths = int(path_of.max()) + 1
-    weights, _ = _table_weights(lengths, table, inverse_spacing, paths)
+    weights, _ = _table_weights(lengths, table, inverse_spacing, paths, start, intervals)
     return convolve_reference(features, harmonics, weights, coefficients, path_of, edge_index,
                               skip)  # fmt: skip
 
@@ -71,11 +85,13 @@ def table_conv_backward_reference(
     path_of: torch.Tensor,
     edge_index: torch.Tensor,
     skip: int,
+    start: torch.Tensor | None = None,
+    intervals: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`table_conv_backward` in torch: dL/dw from the convolution's formulas, met with
     the table's slopes for dL/dr (one number per row)."""
     paths, rows = int(path_of.max()) + 1, lengths.shape[0]
-    weights, slopes = _table_weights(lengths, table, inverse_spacing, paths)
+    weights, slopes = _table_weights(lengths, table, inverse_spacing, paths, start, intervals)
     grad_features, grad_harmonics, grad_weights = convolve_backward_reference(
         grad, features, harmonics, weights, coefficients, path_of, edge_index, skip
     )
@@ -99,18 +115,23 @@ def table_conv(
     sender_starts: torch.Tensor,
     skip: int,
     key: str,
+    start: torch.Tensor | None = None,
+    intervals: int = 0,
 ) -> torch.Tensor:
     """(N, D1, C), (E, D2), (rows,) -> (N, D3, C); differentiable in the first three. The
-    runs: fused_conv.edge_runs'."""
+    runs: fused_conv.edge_runs'. With ``start`` (rows,), one table of ``intervals`` rows per
+    pair of elements, row e's from ``start[e]`` on (pair_table.py)."""
     if kernel_sources.kernels_run(features):
         from fastmace.dynamics import conv_triton
 
         return conv_triton.forward_from_table(
             key, features, harmonics, lengths, table, inverse_spacing, coefficients,
-            edge_index[0], (receiver_order, receiver_starts), skip,
+            edge_index[0], (receiver_order, receiver_starts), skip, start=start,
+            intervals=intervals or None,
         )  # fmt: skip
     return table_conv_reference(features, harmonics, lengths, table, inverse_spacing,
-                                coefficients, path_of, edge_index, skip).contiguous()  # fmt: skip
+                                coefficients, path_of, edge_index, skip, start,
+                                intervals).contiguous()  # fmt: skip
 
 
 @table_conv.register_fake
@@ -135,6 +156,8 @@ def table_conv_backward(
     sender_starts: torch.Tensor,
     skip: int,
     key: str,
+    start: torch.Tensor | None = None,
+    intervals: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of :func:`table_conv` (not differentiable again: forces need one order)."""
     if kernel_sources.kernels_run(features):
@@ -143,11 +166,12 @@ def table_conv_backward(
         grad_features, grad_harmonics, per_edge = conv_triton.backward_from_table(
             key, grad, features, harmonics, lengths, table, inverse_spacing, coefficients,
             edge_index, (receiver_order, receiver_starts), (sender_order, sender_starts), skip,
+            start=start, intervals=intervals or None,
         )  # fmt: skip
         return grad_features, grad_harmonics, _fold(per_edge, lengths.shape[0])
     found = table_conv_backward_reference(grad, features, harmonics, lengths, table,
                                           inverse_spacing, coefficients, path_of, edge_index,
-                                          skip)  # fmt: skip
+                                          skip, start, intervals)  # fmt: skip
     # Laid out as the fake says (contiguous), as fused_conv_backward's.
     return tuple(grad.contiguous() for grad in found)
 
@@ -158,15 +182,19 @@ def _table_conv_backward_shape(grad, features, harmonics, lengths, *rest):
 
 
 def _setup(ctx, inputs, output) -> None:
-    *tensors, skip, key = inputs
-    ctx.save_for_backward(*tensors)
-    ctx.skip, ctx.key = skip, key
+    *tensors, skip, key, start, intervals = inputs
+    ctx.save_for_backward(*tensors, *([] if start is None else [start]))
+    ctx.skip, ctx.key, ctx.intervals, ctx.has_start = skip, key, intervals, start is not None
 
 
 def _backward(ctx, grad):
-    grads = table_conv_backward(grad.contiguous(), *ctx.saved_tensors, ctx.skip, ctx.key)
-    # Gradients for features, harmonics and lengths; none for the other eleven inputs.
-    return *grads, *([None] * 11)
+    tensors, start = ctx.saved_tensors, None
+    if ctx.has_start:
+        *tensors, start = tensors
+    grads = table_conv_backward(grad.contiguous(), *tensors, ctx.skip, ctx.key, start,
+                                ctx.intervals)  # fmt: skip
+    # Gradients for features, harmonics and lengths; none for the other thirteen inputs.
+    return *grads, *([None] * 13)
 
 
 table_conv.register_autograd(_backward, setup_context=_setup)
@@ -185,9 +213,10 @@ class TableLengths(torch.nn.Module):
 class TabulatedConvolution(FusedConvolution):
     """:class:`FusedConvolution` that takes each row's length instead of its weights and
     interpolates them from ``table``: ``forward(node_feats, edge_attrs, lengths (rows, 1),
-    edge_index)``."""
+    edge_index)``. With a :class:`~fastmace.dynamics.pair_table.PairRadialTable`, each row
+    is (length, index of its pair of elements), as pair_table.ElementPairEmbedding gives."""
 
-    def __init__(self, convolution: FusedConvolution, table: RadialTable) -> None:
+    def __init__(self, convolution: FusedConvolution, table: RadialTable | PairRadialTable) -> None:
         torch.nn.Module.__init__(self)  # the same coupling: nothing of FusedConvolution's to redo
         self.register_buffer("coefficients", convolution.coefficients)
         self.register_buffer("path_of", convolution.path_of)
@@ -204,10 +233,14 @@ class TabulatedConvolution(FusedConvolution):
     ) -> torch.Tensor:
         atoms, channels = node_feats.shape[0], self.channels
         features = node_feats.reshape(atoms, -1, channels).contiguous()
+        lengths, start, intervals = tp_weights.reshape(-1), None, 0
+        if isinstance(self.table, PairRadialTable):
+            intervals = self.table.intervals
+            lengths, start = tp_weights[:, 0], tp_weights[:, 1].long() * intervals
         out = table_conv(
-            features, edge_attrs.contiguous(), tp_weights.reshape(-1).contiguous(),
-            self.table.coefficients, self.table.inverse_spacing, self.coefficients,
-            self.path_of, edge_index, *edge_runs(edge_index, features), self.skip, self.key,
+            features, edge_attrs.contiguous(), lengths.contiguous(), self.table.coefficients,
+            self.table.inverse_spacing, self.coefficients, self.path_of, edge_index,
+            *edge_runs(edge_index, features), self.skip, self.key, start, intervals,
         )  # fmt: skip
         return out.reshape(atoms, -1)
 
@@ -222,7 +255,7 @@ def table_disagreement(
     dtype, device = _dtype_device(block)
     generator = torch.Generator().manual_seed(seed)
     d1, d2 = ours.coefficients.shape[:2]
-    reach = ours.table.coefficients.shape[0] * ours.table.spacing * 1.05
+    reach = _intervals(ours.table) * ours.table.spacing * 1.05
 
     def draw(*shape: int) -> torch.Tensor:
         return torch.randn(shape, generator=generator, dtype=torch.float64).to(device, dtype)
@@ -230,6 +263,10 @@ def table_disagreement(
     features, harmonics = draw(atoms, d1 * ours.channels), draw(edges, d2)
     lengths = torch.rand(edges, 1, generator=generator, dtype=torch.float64) * reach
     lengths = lengths.to(device, dtype)
+    if isinstance(ours.table, PairRadialTable):  # rows of (length, pair of elements)
+        pairs = ours.table.coefficients.shape[0] // ours.table.intervals
+        pair = torch.randint(0, pairs, (edges, 1), generator=generator)
+        lengths = torch.cat([lengths, pair.to(device, dtype)], dim=1)
     edge_index = torch.randint(0, atoms - ours.skip, (2, edges), generator=generator).to(device)
     with torch.no_grad():
         want = block.conv_tp(features, harmonics, ours.table(lengths), edge_index).double()
@@ -243,13 +280,20 @@ def table_convolution_model(
     """A copy of ``model`` (one made by fused_conv.fused_convolution_model from a model with
     radial tables) whose blocks read their tables inside the convolution, each checked
     against its table and convolution as they were (:func:`table_disagreement`, by default
-    within 1e-5 in float32, 1e-12 in float64). Blocks without a table stay as they are."""
+    within 1e-5 in float32, 1e-12 in float64). Blocks without a table stay as they are, and
+    so do tables per pair of elements where the model applies its cutoff after the radial
+    MLP: the block multiplies what ``conv_tp_weights`` returns by it, which must then be
+    weights, not lengths."""
     copy = shallow_copy(model)
     blocks = shallow_copy(model.interactions)
     copy.interactions = blocks
+    cutoff_after = not getattr(model.radial_embedding, "apply_cutoff", True)
     for index, original in enumerate(model.interactions):
         table = original.conv_tp_weights
-        if not (isinstance(table, RadialTable) and isinstance(original.conv_tp, FusedConvolution)):
+        movable = isinstance(table, RadialTable) or (
+            isinstance(table, PairRadialTable) and not cutoff_after
+        )
+        if not (movable and isinstance(original.conv_tp, FusedConvolution)):
             continue
         dtype, _ = _dtype_device(original)
         bound = tolerance if tolerance is not None else (
