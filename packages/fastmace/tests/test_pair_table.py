@@ -165,6 +165,8 @@ def test_an_mh1_run_records_its_pair_tables_and_passes_the_gate(tmp_path):
 
     document = json.loads((tmp_path / "run" / "metadata.json").read_text())
     assert document["engine"]["radial_table"]["element_pairs"] == 4
+    workload = document["plan"]["workload"]  # what the planner learned from the loaded model
+    assert workload["tabulable_radials"] and workload["radials_per_element_pair"]
     assert document["gate"]["passed"] and document["gate"]["radial_table"] is True
     assert "one per pair of elements (4)" in (tmp_path / "run" / "report.txt").read_text()
 

@@ -142,12 +142,13 @@ def _model_facts(loaded: LoadedModel, plan: Plan) -> Workload:
     from fastmace.simulation import compile_identity
     from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
 
+    distance_alone = table_refusal(loaded.module) is None
+    per_pair = not distance_alone and pair_table_refusal(loaded.module) is None
     return replace(
         plan.workload,
         long_range=loaded.description.model_type in LONG_RANGE_MODEL_TYPES,
-        tabulable_radials=(
-            table_refusal(loaded.module) is None or pair_table_refusal(loaded.module) is None
-        ),
+        tabulable_radials=distance_alone or per_pair,
+        radials_per_element_pair=per_pair,
         compile_cost_s=recorded_cost_s(compile_identity(loaded, plan)),
     )
 

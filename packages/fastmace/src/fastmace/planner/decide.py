@@ -389,6 +389,14 @@ def _fused_convolution(
             "time at 13,824 atoms, H100); EngineConfig(fused_convolution=True) forces it",
             MEASURED,
         )  # fmt: skip
+    if workload.radials_per_element_pair:
+        # Measured with MP-0's tables of the distance; MH-1's per pair not yet (stage 95).
+        return Decision(
+            name, False, "rule: measured only with tables of the distance alone (MP-0-like "
+            "blocks); this model's tables are per pair of elements (MH-1), whose speed with "
+            "FastMACE's convolution is not measured yet; EngineConfig(fused_convolution=True) "
+            "forces it", RULE,
+        )  # fmt: skip
     if workload.n_atoms < FUSED_CONVOLUTION_MIN_ATOMS:
         return Decision(
             name, False, f"measured: below {FUSED_CONVOLUTION_MIN_ATOMS:,} atoms cuEquivariance's "

@@ -81,8 +81,13 @@ class Workload:
     """The model has a long-range part (MACE-POLAR-1's PolarMACE): it runs eagerly, on e3nn,
     and only at a fixed cell (its stress leaves out the long-range part)."""
     tabulable_radials: bool = False
-    """Every interaction block's radial MLP sees the distance alone (MP-0-like blocks), so its
-    weights can be read from tables (fastmace.dynamics.radial_table); known once loaded."""
+    """Every interaction block's radial MLP sees the distance alone (MP-0-like blocks) or the
+    distance and the edge's two elements (MH-1, density blocks, distance transforms), so its
+    weights can be read from tables (fastmace.dynamics.radial_table, pair_table); known once
+    loaded."""
+    radials_per_element_pair: bool = False
+    """The tables are per pair of elements (fastmace.dynamics.pair_table): the radial MLPs see
+    the elements too (MH-1); known once loaded."""
     compile_cost_s: float | None = None
     """Seconds the last compilation of this model at this size took on this machine (the
     cache's compile record, fastmace.runtime.compile_costs); None: never compiled here."""
@@ -116,7 +121,8 @@ class Workload:
                 f"timestep_fs={self.timestep_fs!r} is not allowed: give a timestep in "
                 f"(0, {MAX_TIMESTEP_FS:g}] fs"
             )
-        for name in ("reproducible", "long_range", "tabulable_radials"):
+        for name in ("reproducible", "long_range", "tabulable_radials",
+                     "radials_per_element_pair"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: use True/False")
         cost = self.compile_cost_s
@@ -175,6 +181,7 @@ class Workload:
         model_dtype: str = "float64",
         long_range: bool = False,
         tabulable_radials: bool = False,
+        radials_per_element_pair: bool = False,
         compile_cost_s: float | None = None,
     ) -> Workload:
         """The Workload of one ``ase.Atoms`` or a sequence of them (read, not modified).
@@ -202,6 +209,7 @@ class Workload:
             model_dtype=model_dtype,
             long_range=long_range,
             tabulable_radials=tabulable_radials,
+            radials_per_element_pair=radials_per_element_pair,
             compile_cost_s=compile_cost_s,
         )
 
