@@ -18,13 +18,16 @@ from helpers.structures import cluster, small_cell, triclinic_mixed
 import fastmace as fm
 from fastmace.dynamics.pair_table import (
     PairRadialTable,
-    pair_radial_table,
-    pair_radial_table_backward,
     pair_table_refusal,
     pair_tabulated_model,
 )
 from fastmace.dynamics.potential import Potential
-from fastmace.dynamics.radial_table import TABLE_TOLERANCE, TableError
+from fastmace.dynamics.radial_table import (
+    TABLE_TOLERANCE,
+    TableError,
+    radial_table,
+    radial_table_backward,
+)
 from fastmace.dynamics.state import State
 from fastmace.models.templates import TEMPLATES, template
 
@@ -171,8 +174,9 @@ def test_an_mh1_run_records_its_pair_tables_and_passes_the_gate(tmp_path):
     assert "one per pair of elements (4)" in (tmp_path / "run" / "report.txt").read_text()
 
 
-def test_the_pair_table_ops_keep_their_fakes_promises():
-    """torch.library.opcheck: schema, fakes (what torch.compile traces) and autograd."""
+def test_the_table_ops_with_start_rows_keep_their_fakes_promises():
+    """torch.library.opcheck: schema, fakes (what torch.compile traces) and autograd, for the
+    radial-table ops reading a table per pair of elements."""
     generator = torch.Generator().manual_seed(3)
     intervals = 8
     coefficients = torch.randn(3 * intervals, 4, 5, dtype=torch.float64, generator=generator)
@@ -180,10 +184,10 @@ def test_the_pair_table_ops_keep_their_fakes_promises():
     start = torch.randint(0, 3, (11,), generator=generator) * intervals
     inverse = torch.tensor(intervals / 6.0, dtype=torch.float64)
     grad = torch.randn(11, 5, dtype=torch.float64, generator=generator)
-    torch.library.opcheck(pair_radial_table, (lengths, start, coefficients, inverse, intervals))
+    torch.library.opcheck(radial_table, (lengths, coefficients, inverse, start, intervals))
     torch.library.opcheck(
-        pair_radial_table_backward,
-        (grad, lengths.detach(), start, coefficients, inverse, intervals),
+        radial_table_backward,
+        (grad, lengths.detach(), coefficients, inverse, start, intervals),
     )
 
 

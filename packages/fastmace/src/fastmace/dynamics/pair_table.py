@@ -36,8 +36,8 @@ from fastmace.dynamics.radial_table import (
     RadialTable,
     TableError,
     TableReport,
-    _evaluate,
     _float64_copy,
+    radial_table,
 )
 
 # mace-torch 0.3.16's blocks whose radial MLPs (conv_tp_weights, and density_fn where there is
@@ -289,70 +289,7 @@ class PairRadialTable(torch.nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         start = features[:, 1].long() * self.intervals
-        return pair_radial_table(
-            features[:, 0], start, self.coefficients, self.inverse_spacing, self.intervals
-        )
-
-
-@torch.library.custom_op("fastmace::pair_radial_table", mutates_args=())
-def pair_radial_table(
-    lengths: torch.Tensor,
-    start: torch.Tensor,
-    coefficients: torch.Tensor,
-    inverse_spacing: torch.Tensor,
-    intervals: int,
-) -> torch.Tensor:
-    """Rows of the tabulated function at ``lengths`` (1-D), row i from the table that begins
-    at row ``start[i]``; differentiable in ``lengths``."""
-    if lengths.is_cuda:
-        from fastmace.dynamics.radial_table_triton import lookup
-
-        return lookup(lengths, coefficients, inverse_spacing, start, intervals)
-    return _evaluate(lengths * inverse_spacing, coefficients, start, intervals)[0]
-
-
-@pair_radial_table.register_fake
-def _pair_radial_table_shape(lengths, start, coefficients, inverse_spacing, intervals):
-    return lengths.new_empty((lengths.shape[0], coefficients.shape[2]))
-
-
-@torch.library.custom_op("fastmace::pair_radial_table_backward", mutates_args=())
-def pair_radial_table_backward(
-    grad: torch.Tensor,
-    lengths: torch.Tensor,
-    start: torch.Tensor,
-    coefficients: torch.Tensor,
-    inverse_spacing: torch.Tensor,
-    intervals: int,
-) -> torch.Tensor:
-    """dL/d(lengths) from dL/d(values) (not differentiable again: forces need one order)."""
-    if lengths.is_cuda:
-        from fastmace.dynamics.radial_table_triton import lookup_backward
-
-        return lookup_backward(grad, lengths, coefficients, inverse_spacing, start, intervals)
-    slope = _evaluate(lengths * inverse_spacing, coefficients, start, intervals)[1]
-    return (grad * slope).sum(dim=1) * inverse_spacing
-
-
-@pair_radial_table_backward.register_fake
-def _pair_radial_table_backward_shape(grad, lengths, start, coefficients, inverse_spacing,
-                                      intervals):  # fmt: skip
-    return torch.empty_like(lengths)
-
-
-def _setup(ctx, inputs, output) -> None:
-    lengths, start, coefficients, inverse_spacing, intervals = inputs
-    ctx.save_for_backward(lengths, start, coefficients, inverse_spacing)
-    ctx.intervals = intervals
-
-
-def _backward(ctx, grad):
-    lengths, start, coefficients, inverse_spacing = ctx.saved_tensors
-    grad_lengths = pair_radial_table_backward(
-        grad.contiguous(), lengths.contiguous(), start, coefficients, inverse_spacing,
-        ctx.intervals,
-    )  # fmt: skip
-    return grad_lengths, None, None, None, None
-
-
-pair_radial_table.register_autograd(_backward, setup_context=_setup)
+        return radial_table(
+            features[:, 0].contiguous(), self.coefficients, self.inverse_spacing, start,
+            self.intervals,
+        )  # fmt: skip

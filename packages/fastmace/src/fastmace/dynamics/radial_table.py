@@ -260,18 +260,24 @@ def _evaluate(
 
 @torch.library.custom_op("fastmace::radial_table", mutates_args=())
 def radial_table(
-    lengths: torch.Tensor, coefficients: torch.Tensor, inverse_spacing: torch.Tensor
+    lengths: torch.Tensor,
+    coefficients: torch.Tensor,
+    inverse_spacing: torch.Tensor,
+    start: torch.Tensor | None = None,
+    intervals: int = 0,
 ) -> torch.Tensor:
-    """Rows of the tabulated weights at ``lengths`` (1-D); differentiable in ``lengths``."""
+    """Rows of the tabulated weights at ``lengths`` (1-D); differentiable in ``lengths``. With
+    ``start``, row i reads the table of ``intervals`` rows that begins at ``start[i]`` (one
+    table per pair of elements, pair_table.py)."""
     if lengths.is_cuda:
         from fastmace.dynamics.radial_table_triton import lookup
 
-        return lookup(lengths, coefficients, inverse_spacing)
-    return _evaluate(lengths * inverse_spacing, coefficients)[0]
+        return lookup(lengths, coefficients, inverse_spacing, start, intervals or None)
+    return _evaluate(lengths * inverse_spacing, coefficients, start, intervals or None)[0]
 
 
 @radial_table.register_fake
-def _radial_table_shape(lengths, coefficients, inverse_spacing):
+def _radial_table_shape(lengths, coefficients, inverse_spacing, start=None, intervals=0):
     return lengths.new_empty((lengths.shape[0], coefficients.shape[2]))
 
 
@@ -281,29 +287,39 @@ def radial_table_backward(
     lengths: torch.Tensor,
     coefficients: torch.Tensor,
     inverse_spacing: torch.Tensor,
+    start: torch.Tensor | None = None,
+    intervals: int = 0,
 ) -> torch.Tensor:
     """dL/d(lengths) from dL/d(weights) (not differentiable again: forces need one order)."""
     if lengths.is_cuda:
         from fastmace.dynamics.radial_table_triton import lookup_backward
 
-        return lookup_backward(grad, lengths, coefficients, inverse_spacing)
-    slope = _evaluate(lengths * inverse_spacing, coefficients)[1]
+        return lookup_backward(
+            grad, lengths, coefficients, inverse_spacing, start, intervals or None
+        )
+    slope = _evaluate(lengths * inverse_spacing, coefficients, start, intervals or None)[1]
     return (grad * slope).sum(dim=1) * inverse_spacing
 
 
 @radial_table_backward.register_fake
-def _radial_table_backward_shape(grad, lengths, coefficients, inverse_spacing):
+def _radial_table_backward_shape(grad, lengths, *rest):
     return torch.empty_like(lengths)
 
 
 def _setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
+    lengths, coefficients, inverse_spacing, start, intervals = inputs
+    ctx.save_for_backward(lengths, coefficients, inverse_spacing,
+                          *([] if start is None else [start]))  # fmt: skip
+    ctx.intervals = intervals
 
 
 def _backward(ctx, grad):
-    lengths, coefficients, inverse_spacing = ctx.saved_tensors
-    grad_lengths = radial_table_backward(grad.contiguous(), lengths, coefficients, inverse_spacing)
-    return grad_lengths, None, None
+    lengths, coefficients, inverse_spacing, *start = ctx.saved_tensors
+    grad_lengths = radial_table_backward(
+        grad.contiguous(), lengths.contiguous(), coefficients, inverse_spacing,
+        start[0] if start else None, ctx.intervals,
+    )  # fmt: skip
+    return grad_lengths, None, None, None, None
 
 
 radial_table.register_autograd(_backward, setup_context=_setup)
