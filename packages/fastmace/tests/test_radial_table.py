@@ -92,6 +92,22 @@ def test_between_nodes_a_table_is_within_its_tolerance_of_the_float64_mlp():
     assert float((read_slope - exact_slope).abs().max()) <= 100 * TABLE_TOLERANCE * scale
 
 
+def test_a_table_that_would_outgrow_its_memory_is_refused_before_it_is_built():
+    """A function that needs more intervals than the memory left allows (the float64 build
+    needs several times the table on the device): refused before the doubling, not after."""
+
+    def radial(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def fast(x: torch.Tensor) -> torch.Tensor:  # 0.9 rad per interval at 256 intervals
+            return torch.sin(40.0 * x)[:, None].repeat(1, 64)
+
+        return torch.func.jvp(fast, (r,), (torch.ones_like(r),))
+
+    table = RadialTable.build(radial, 6.0, TABLE_TOLERANCE, torch.zeros(1))
+    assert table.coefficients.shape[0] > 512  # what it needs without a limit
+    with pytest.raises(TableError, match=r"512 intervals would take 0\.5 MB, above the 0\.3 MB"):
+        RadialTable.build(radial, 6.0, TABLE_TOLERANCE, torch.zeros(1), most_megabytes=0.3)
+
+
 def test_beyond_the_cutoff_the_weights_and_their_slope_are_zero():
     """Padding edges sit at 2 r_max: they must read zeros and send no force."""
     model = model_of("tiny", torch.float32)

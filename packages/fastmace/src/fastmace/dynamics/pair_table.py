@@ -114,7 +114,8 @@ def pair_tabulated_model(
         for name in ("conv_tp_weights", "density_fn"):
             if hasattr(original, name):
                 radial = inputs.function(_float64_copy(getattr(original, name)), elements)
-                table = PairRadialTable.build(radial, len(pairs), r_max, tolerance, like)
+                left = most_megabytes - sum(t.megabytes for t in tables)
+                table = PairRadialTable.build(radial, len(pairs), r_max, tolerance, like, left)
                 setattr(block, name, table)
                 tables.append(table)
         if hasattr(original, "source_embedding"):
@@ -274,10 +275,19 @@ class PairRadialTable(torch.nn.Module):
         self.max_relative_error = float(error)
 
     @classmethod
-    def build(cls, radial, pairs: int, r_max: float, tolerance: float, like: torch.Tensor):
+    def build(
+        cls,
+        radial,
+        pairs: int,
+        r_max: float,
+        tolerance: float,
+        like: torch.Tensor,
+        most_megabytes: float | None = None,
+    ) -> PairRadialTable:
         """Tabulate ``radial`` (r -> values and slopes, (len(r), pairs * W)): all pairs share
-        the intervals, doubled until every pair's table meets ``tolerance``."""
-        table = RadialTable.build(radial, r_max, tolerance, like)
+        the intervals, doubled until every pair's table meets ``tolerance``, and refused
+        before the tables outgrow ``most_megabytes``."""
+        table = RadialTable.build(radial, r_max, tolerance, like, most_megabytes)
         intervals, _, columns = table.coefficients.shape
         stacked = table.coefficients.reshape(intervals, 4, pairs, columns // pairs)
         stacked = stacked.permute(2, 0, 1, 3).reshape(pairs * intervals, 4, columns // pairs)

@@ -521,10 +521,7 @@ class Potential(torch.nn.Module):
         """``model`` with its radial weights read from tables; with ``fallback``, a model
         whose tables miss their tolerance keeps its radial MLPs, with a warning."""
         try:
-            if table_refusal(self.model) is None:
-                self.model, self.table_report = tabulated_model(self.model)
-            else:  # MH-1's blocks, distance transforms: a table per pair of elements
-                self.model, self.table_report = pair_tabulated_model(self.model, self.species)
+            self.model, self.table_report = _tables_for(self.model, self.species)
         except TableError as error:
             if not fallback:
                 raise
@@ -842,6 +839,23 @@ def _compiled(
         return compiled(data, **kwargs)
 
     return call
+
+
+def _tables_for(
+    model: torch.nn.Module, species: Sequence[int]
+) -> tuple[torch.nn.Module, TableReport]:
+    """``model`` with radial tables: of the distance where its blocks allow, else one per pair
+    of the elements ``species`` (MH-1's blocks, distance transforms). Raises TableError, also
+    where the float64 build runs out of device memory (a planner's choice then falls back)."""
+    try:
+        if table_refusal(model) is None:
+            return tabulated_model(model)
+        return pair_tabulated_model(model, species)
+    except torch.OutOfMemoryError as error:
+        raise TableError(
+            "the radial weights cannot be tabulated: building the tables ran out of device "
+            f"memory ({str(error).splitlines()[0][:200]}); run without radial_table"
+        ) from error
 
 
 def _traceable(model: torch.nn.Module, share_pair_radials: bool) -> torch.nn.Module:

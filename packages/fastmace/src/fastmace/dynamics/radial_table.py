@@ -158,9 +158,16 @@ class RadialTable(torch.nn.Module):
 
     @classmethod
     def build(
-        cls, radial: _Function, r_max: float, tolerance: float, like: torch.Tensor
+        cls,
+        radial: _Function,
+        r_max: float,
+        tolerance: float,
+        like: torch.Tensor,
+        most_megabytes: float | None = None,
     ) -> RadialTable:
-        """Tabulate ``radial`` on [0, r_max], doubling the intervals until ``tolerance`` holds."""
+        """Tabulate ``radial`` on [0, r_max], doubling the intervals until ``tolerance`` holds;
+        refused before a doubling whose table would exceed ``most_megabytes`` (in ``like``'s
+        dtype: the float64 build needs several times that on the device)."""
         intervals = FIRST_INTERVALS
         while True:
             spacing = r_max / intervals
@@ -177,6 +184,13 @@ class RadialTable(torch.nn.Module):
                     f"above {tolerance:.0e}; run without radial_table"
                 )
             intervals *= 2
+            megabytes = intervals * 4 * values.shape[1] * like.element_size() / 2**20
+            if most_megabytes is not None and megabytes > most_megabytes:
+                raise TableError(
+                    f"the radial weights cannot be tabulated: {intervals} intervals would take "
+                    f"{megabytes:.1f} MB, above the {most_megabytes:.1f} MB left for tables; "
+                    "run without radial_table"
+                )
         return cls(coefficients.to(like.dtype), spacing, error)
 
     @property
