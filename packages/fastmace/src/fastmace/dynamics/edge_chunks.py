@@ -335,16 +335,16 @@ def bytes_per_row(model: torch.nn.Module) -> int:
     weights and their intermediates, summed over the interaction blocks (every block's weights
     are kept until the backward pass)."""
     itemsize = next(model.parameters()).element_size()
-    widths = [_radial_width(block.conv_tp_weights) for block in model.interactions]
+    widths = [radial_width(block.conv_tp_weights) for block in model.interactions]
     return ROW_COPIES * itemsize * sum(widths)
 
 
 def widest_row(model: torch.nn.Module) -> int:
     """The most radial weights one row gets in any interaction block."""
-    return max(_radial_width(block.conv_tp_weights) for block in model.interactions)
+    return max(radial_width(block.conv_tp_weights) for block in model.interactions)
 
 
-def _radial_width(radial: torch.nn.Module) -> int:
+def radial_width(radial: torch.nn.Module) -> int:
     """The number of weights a radial function gives per edge (MLP or table)."""
     if (stated := getattr(radial, "weights_per_row", None)) is not None:  # table_conv's lengths
         return int(stated)
@@ -352,7 +352,7 @@ def _radial_width(radial: torch.nn.Module) -> int:
     if isinstance(coefficients, torch.Tensor):  # a RadialTable: (intervals, 4, W)
         return int(coefficients.shape[-1])
     if hasattr(radial, "radial"):  # a PairSharedRadial
-        return _radial_width(radial.radial)
+        return radial_width(radial.radial)
     linears = [m for m in radial.modules() if isinstance(m, torch.nn.Linear)]
     if linears:
         return int(linears[-1].out_features)

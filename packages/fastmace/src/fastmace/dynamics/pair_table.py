@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fastmace.dynamics.edge_chunks import radial_width
 from fastmace.dynamics.module_copy import shallow_copy
 from fastmace.dynamics.radial_table import (
     FIRST_INTERVALS,
@@ -89,7 +90,10 @@ def pair_tabulated_model(
     numbers = [int(z) for z in model.atomic_numbers]
     missing = [z for z in species if z not in numbers]
     if missing:
-        raise TableError(f"the model has no element of atomic number {missing[0]}")
+        raise TableError(
+            f"the model has no element of atomic number {missing[0]}: its radial functions "
+            "cannot be tabulated for it; run without radial_table"
+        )
     columns = list(dict.fromkeys(numbers.index(int(z)) for z in species))
     pairs = [(a, b) for a in columns for b in columns]
     like = next(model.interactions[0].conv_tp_weights.parameters())
@@ -145,9 +149,7 @@ def _too_large(elements: int, megabytes: float, most: float) -> str:
 
 def _output_width(block: torch.nn.Module) -> int:
     """The values a block's tables hold per distance: its weights, and its density's one."""
-    linears = [m for m in block.conv_tp_weights.modules() if isinstance(m, torch.nn.Linear)]
-    width = linears[-1].out_features if linears else int(block.conv_tp_weights.hs[-1])
-    return width + int(hasattr(block, "density_fn"))
+    return radial_width(block.conv_tp_weights) + int(hasattr(block, "density_fn"))
 
 
 class _PairInputs:
@@ -297,9 +299,11 @@ class PairRadialTable(torch.nn.Module):
     def megabytes(self) -> float:
         return self.coefficients.numel() * self.coefficients.element_size() / 2**20
 
+    def lengths_and_starts(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's length and the first row of its pair's table, from the features of
+        :class:`ElementPairEmbedding`."""
+        return features[:, 0].contiguous(), features[:, 1].long() * self.intervals
+
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        start = features[:, 1].long() * self.intervals
-        return radial_table(
-            features[:, 0].contiguous(), self.coefficients, self.inverse_spacing, start,
-            self.intervals,
-        )  # fmt: skip
+        lengths, start = self.lengths_and_starts(features)
+        return radial_table(lengths, self.coefficients, self.inverse_spacing, start, self.intervals)

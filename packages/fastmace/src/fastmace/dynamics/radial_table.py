@@ -113,7 +113,7 @@ def tabulated_model(
         tables.append(table)
     report = TableReport(
         blocks=len(tables),
-        intervals=max(t.coefficients.shape[0] for t in tables),
+        intervals=max(t.intervals for t in tables),
         spacing_A=min(t.spacing for t in tables),
         max_relative_error=max(t.max_relative_error for t in tables),
         megabytes=sum(t.megabytes for t in tables),
@@ -196,6 +196,10 @@ class RadialTable(torch.nn.Module):
     @property
     def megabytes(self) -> float:
         return self.coefficients.numel() * self.coefficients.element_size() / 2**20
+
+    @property
+    def intervals(self) -> int:
+        return self.coefficients.shape[0]
 
     def forward(self, lengths: torch.Tensor) -> torch.Tensor:
         return radial_table(lengths.reshape(-1), self.coefficients, self.inverse_spacing)

@@ -34,11 +34,6 @@ from fastmace.dynamics.pair_table import PairRadialTable
 from fastmace.dynamics.radial_table import RadialTable, _evaluate
 
 
-def _intervals(table: RadialTable | PairRadialTable) -> int:
-    """The intervals of one table (of each pair's, for a table per pair of elements)."""
-    return table.intervals if isinstance(table, PairRadialTable) else table.coefficients.shape[0]
-
-
 def _table_weights(
     lengths: torch.Tensor,
     table: torch.Tensor,
@@ -235,8 +230,8 @@ class TabulatedConvolution(FusedConvolution):
         features = node_feats.reshape(atoms, -1, channels).contiguous()
         lengths, start, intervals = tp_weights.reshape(-1), None, 0
         if isinstance(self.table, PairRadialTable):
+            lengths, start = self.table.lengths_and_starts(tp_weights)
             intervals = self.table.intervals
-            lengths, start = tp_weights[:, 0], tp_weights[:, 1].long() * intervals
         out = table_conv(
             features, edge_attrs.contiguous(), lengths.contiguous(), self.table.coefficients,
             self.table.inverse_spacing, self.coefficients, self.path_of, edge_index,
@@ -255,7 +250,7 @@ def table_disagreement(
     dtype, device = _dtype_device(block)
     generator = torch.Generator().manual_seed(seed)
     d1, d2 = ours.coefficients.shape[:2]
-    reach = _intervals(ours.table) * ours.table.spacing * 1.05
+    reach = ours.table.intervals * ours.table.spacing * 1.05
 
     def draw(*shape: int) -> torch.Tensor:
         return torch.randn(shape, generator=generator, dtype=torch.float64).to(device, dtype)
