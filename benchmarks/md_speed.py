@@ -95,6 +95,7 @@ from ase.md.velocitydistribution import Stationary
 from torch._dynamo.utils import counters as dynamo_counters
 
 from fastmace.dynamics.ensembles import ensemble
+from fastmace.dynamics.fusion import fusion_failures
 from fastmace.io import OutputSchedule
 from fastmace.models.checkpoint import contained, import_mace
 from fastmace.models.load import LoadedModel, load
@@ -118,6 +119,7 @@ LABELS: dict[tuple[str, str], str] = {
     ("fastmace", "hybrid"): "FastMACE hybrid (OEq+cuEq)",
     ("fastmace", "cueq"): "FastMACE cuEq",
     ("fastmace", "default"): "FastMACE, fm.md's plan with no options",
+    ("fastmace", "default-unfused"): "FastMACE, fm.md's plan, the step's arithmetic unfused",
     ("fastmace", "hybrid-nograph"): "FastMACE hybrid, capture=False",
     ("fastmace", "hybrid-compile"): "FastMACE hybrid + torch.compile",
     ("fastmace", "cueq-compile"): "FastMACE cuEq + torch.compile",
@@ -149,6 +151,7 @@ FASTMACE_VARIANTS: dict[str, tuple[str, bool | None, bool, str]] = {
     # fm.md's own plan with no options for a run of --planned-steps: the backend, compile,
     # radial tables and K are the planner's (the placeholder's fields are not used).
     "default": ("cueq", None, False, "float32"),
+    "default-unfused": ("cueq", None, False, "float32"),
     "cueq-tf32": ("cueq", None, False, "tf32"),
     "cueq-bf16": ("cueq", None, False, "bf16"),
     "cueq-bf16-table-compile": ("cueq", None, True, "bf16"),
@@ -234,6 +237,9 @@ def full_plan() -> list[Case]:
     # at issue 30's MH-1 sizes.
     default = [Case("mp0-medium", n, "fastmace", "default") for n in (216, 1728, 13824, 32768)]
     default += [Case("mh-1", n, "fastmace", "default") for n in (216, 1728, 13824)]
+    # The default path with the step's own arithmetic unfused (dynamics/fusion.py).
+    default += [Case(m, n, "fastmace", "default-unfused")
+                for m, n in (("mp0-medium", 216), ("mp0-medium", 1728), ("mh-1", 216))]  # fmt: skip
     main = (("fastmace", "hybrid"), ("ase", "cueq"), ("fastmace", "cueq"), ("ase", "hybrid"))
     small = [("mp0-medium", 1728), ("mp0-medium", 216), ("mh-1", 216), ("mh-1", 1728)]
     large = [("mp0-medium", 13824), ("mp0-medium", 32768)]
@@ -515,7 +521,7 @@ class Bench:
         if case.path == "fastmace":
             backend = FASTMACE_VARIANTS[case.variant][0]
             cost = 3.0 + 2.0 * target + (8.0 if large else 0.0)
-            if FASTMACE_VARIANTS[case.variant][2] or case.variant == "default":
+            if FASTMACE_VARIANTS[case.variant][2] or case.variant.startswith("default"):
                 cost += 90.0  # Inductor, cold cache
             if (case.model, backend) not in self.loaded:
                 cost += 20.0 if case.model == "mh-1" else 12.0
@@ -653,7 +659,7 @@ class Bench:
     def run_fastmace(self, case: Case) -> dict[str, Any]:
         backend, capture_setting, compile_model, matmul = FASTMACE_VARIANTS[case.variant]
         plan = None
-        if case.variant == "default":
+        if case.variant.startswith("default"):
             plan, loaded, load_s = self.default_plan(case)
             compile_model, matmul = plan.compile, plan.matmul_precision
         else:
@@ -697,6 +703,8 @@ class Bench:
             loaded, [nacl(case.atoms)], settings, output=None,
             engine=engine if plan is None else None, plan=plan, progress=io.StringIO(),
         )  # fmt: skip
+        if case.variant == "default-unfused":  # as before dynamics/fusion.py, for comparison
+            simulation.engine.fuse = False
         # steps, seconds, and what the block did: "redone" (an overflow or a stale list),
         # "launch" (eager or captured: with D3 a second block pattern is captured later on)
         # or "steady"
@@ -767,6 +775,8 @@ class Bench:
             ),
             # Whether FastMACE's own convolution ran (asked for, or chosen by the default plan).
             "fused_convolution": simulation.potential.fused_convolution_used,
+            "fused_step": simulation.engine.fuse,
+            "fused_step_failures": fusion_failures(),
             "fused_convolution_failure": simulation.potential.fused_convolution_failure,
             "edge_capacity": simulation.neighbours.capacity,
             "model_edge_capacity": simulation.neighbours.cutoff_capacity,

@@ -91,6 +91,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 93  # issue 30's targets table in one run (H200)
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 94  # issue 30's kernel rows at 13,824 (H200)
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 95  # MH-1's pair tables inside the convolution
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 96  # the step's arithmetic fused: before/after
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1345,6 +1346,18 @@ mh-1/1728/fastmace-cueq-compile" > "$OUT/targets.log" 2>&1
 mh-1/1728/fastmace-cueq-conv-table-compile,mh-1/13824/fastmace-cueq-table-compile,\
 mh-1/13824/fastmace-cueq-conv-table-compile" > "$OUT/mh1-conv.log" 2>&1
   echo "mh-1 conv: exit $?"; grep -E "ms/step|Error|error" "$OUT/mh1-conv.log" | tail -8
+  ;;
+96)
+  # The step's own arithmetic fused by Inductor where the model is compiled (dynamics/fusion.py):
+  # the default path with and without it, profiled (launches per step), at the sizes where
+  # launches count (MP-0 medium 216 and 1,728, MH-1 216), then the CPU fusion tests on CUDA's
+  # machine.
+  timeout 420 python3 benchmarks/md_speed.py --out "$OUT/fusion" --budget-s 400 --profile \
+    --case-timeout-s 110 --only "mp0-medium/216/fastmace-default,\
+mp0-medium/216/fastmace-default-unfused,mp0-medium/1728/fastmace-default,\
+mp0-medium/1728/fastmace-default-unfused,mh-1/216/fastmace-default,mh-1/216/fastmace-default-unfused" \
+    > "$OUT/fusion.log" 2>&1
+  echo "fusion: exit $?"; grep -E "ms/step|Error|error|fused|      [0-9.]+ ms" "$OUT/fusion.log" | tail -60
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import fastmace
+from fastmace.dynamics.fusion import fusion_failures
 from fastmace.dynamics.integrators.units import KB_EV_PER_K
 from fastmace.io.plot import INSTALL_HINT, can_plot
 from fastmace.oeq import host_extension
@@ -309,6 +310,8 @@ def engine_record(run: RunRecord) -> dict[str, Any]:
         "search_every": engine.force_field.search_every,
         "search_halvings": engine.search_halvings,
         "capture_failure": engine.capture_failure,
+        "fused_step": engine.fuse,
+        "fused_step_failures": fusion_failures() if engine.fuse else {},
         "dispersion": (
             engine.force_field.dispersion.record()
             if engine.force_field.dispersion is not None

@@ -297,6 +297,8 @@ class Simulation:
             capture=self.engine_settings.graphs,
             guard=self.guard,
             block_end=self.exchange,  # the swaps (inside the captured block in one process)
+            # A run that compiles its model on CUDA has its step's own arithmetic fused too.
+            fuse=self.potential.compiled and state.device.type == "cuda",
         )
         self.engine.steps_done = self.start_step
 

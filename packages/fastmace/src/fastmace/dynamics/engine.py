@@ -42,6 +42,7 @@ import torch
 from fastmace.dynamics.dispersion import DISPERSION_SEARCH_FACTOR, DispersionTerm
 from fastmace.dynamics.edges import Edges
 from fastmace.dynamics.errors import SimulationError
+from fastmace.dynamics.fusion import fusing
 from fastmace.dynamics.guard import Guard
 from fastmace.dynamics.integrators import ComputeFn, ForceResult, MDState, RandomStreams
 from fastmace.dynamics.neighbours import NeighbourList
@@ -274,6 +275,7 @@ class Engine:
         capture: bool | None = None,
         guard: Guard | None = None,
         block_end: BlockEnd | None = None,
+        fuse: bool = False,
     ) -> None:
         if block_steps < 1:
             raise ValueError(f"block_steps must be at least 1, got {block_steps}")
@@ -283,6 +285,9 @@ class Engine:
         self.guard = guard  # None: only non-finite values stop the run
         self.block_end = block_end
         self.block_steps = block_steps
+        # The step's own arithmetic (integrator, skin test, compaction, guard) compiled by
+        # Inductor into few kernels (dynamics/fusion.py): for runs that compile their model.
+        self.fuse = fuse
         cuda = self.md.state.device.type == "cuda"
         self.capture = cuda if capture is None else capture
         if self.capture and not cuda:
@@ -314,10 +319,13 @@ class Engine:
         return (self.steps_done // self.block_steps) % blocks == 0
 
     def _advance(self, md: MDState, steps: int | None = None, long_search: bool = True) -> MDState:
+        with fusing(self.fuse):
+            return self._block(md, self.block_steps if steps is None else steps, long_search)
+
+    def _block(self, md: MDState, steps: int, long_search: bool) -> MDState:
         force_field, guard = self.force_field, self.guard
         if guard is not None:
             guard.start_block(md, force_field.neighbours)
-        steps = self.block_steps if steps is None else steps
         for index in range(steps):
             # A fixed pattern within the block, so a captured block replays the same work.
             every = force_field.search_every

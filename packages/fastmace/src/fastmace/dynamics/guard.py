@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fastmace.dynamics.errors import Breach, GuardError
+from fastmace.dynamics.fusion import fusible
 from fastmace.dynamics.integrators import Barostatted, MDState, Thermostatted
 from fastmace.dynamics.integrators.common import cell_volume, system_sum
 from fastmace.dynamics.integrators.units import KB_EV_PER_K
@@ -102,12 +103,13 @@ class Guard:
 
     def start_block(self, md: MDState, neighbours: NeighbourList) -> None:
         """Reset the block's maxima: the forces the block starts from count as its first."""
-        self._force2.copy_(_largest_force2(md))
+        self._force2.zero_()
+        _keep_largest_force2(self._force2, md.forces, md.state.system)
         neighbours.largest_move.zero_()
 
     def observe(self, md: MDState) -> None:
         """After each step: the running maximum of the largest force (two small reductions)."""
-        self._force2.copy_(torch.maximum(self._force2, _largest_force2(md)))
+        _keep_largest_force2(self._force2, md.forces, md.state.system)
 
     def finish_block(self, md: MDState, neighbours: NeighbourList) -> None:
         """At the block's end: every watched value of every system into :attr:`values`."""
@@ -185,12 +187,15 @@ class Guard:
         }
 
 
-def _largest_force2(md: MDState) -> torch.Tensor:
-    """(S,) the squared largest force on an atom of each system (no host synchronisation)."""
-    forces = md.forces
+@fusible
+def _keep_largest_force2(
+    largest_so_far: torch.Tensor, forces: torch.Tensor, system: torch.Tensor
+) -> None:
+    """Raise ``largest_so_far`` (S,) to each system's squared largest force on an atom (no
+    host synchronisation; one fused computation when compiled)."""
     squared = (forces * forces).sum(dim=1).to(torch.float64)
-    largest = torch.zeros(md.state.n_systems, dtype=torch.float64, device=forces.device)
-    return largest.scatter_reduce(0, md.state.system, squared, "amax")
+    largest = torch.zeros_like(largest_so_far).scatter_reduce(0, system, squared, "amax")
+    largest_so_far.copy_(torch.maximum(largest_so_far, largest))
 
 
 def _saved(saved: Mapping[str, Any], name: str, default: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fastmace.dynamics.edges import Edges, edge_vectors, per_system_matmul, systems_of_atoms
+from fastmace.dynamics.fusion import fusible
 from fastmace.dynamics.state import POSITION_DTYPE, State
 from fastmace.vocabulary import CUTOFF_HEADROOM, NEIGHBOUR_HEADROOM
 
@@ -163,17 +164,10 @@ class NeighbourList:
     def needs_rebuild(self, state: State) -> torch.Tensor:
         """() bool device tensor: could a pair within the cutoff be missing from the list?"""
         with torch.no_grad():
-            cell_change = state.cell - self._ref_cell
-            moved = state.positions - self._ref_positions
-            # Displacement in the frame of the build's wrapped images, so cell changes count.
-            moved = moved - per_system_matmul(
-                self._ref_offsets, cell_change, systems_of_atoms(state)
-            )
-            largest = torch.zeros(state.n_systems, dtype=moved.dtype, device=moved.device)
-            largest = largest.scatter_reduce(0, state.system, moved.norm(dim=-1), "amax")
-            self.largest_move.copy_(torch.maximum(self.largest_move, largest))
-            image_change = (self.grid.max_image * cell_change.norm(dim=-1)).sum(dim=-1)
-            return (2 * largest + image_change >= self.skin).any()
+            return _skin_test(
+                state, self._ref_cell, self._ref_positions, self._ref_offsets,
+                self.grid.max_image, self.largest_move, self.skin,
+            )  # fmt: skip
 
     def update(self, state: State, edges: Edges) -> Edges:
         """Rebuild ``edges`` in place when the skin test asks for it; device work only.
@@ -202,7 +196,10 @@ class NeighbourList:
         more frequent searches (the engine does this). Device work only.
         """
         with torch.no_grad():
-            self.stale.copy_(self.stale | self.needs_rebuild(state))
+            _mark_stale(
+                state, self._ref_cell, self._ref_positions, self._ref_offsets,
+                self.grid.max_image, self.largest_move, self.skin, self.stale,
+            )  # fmt: skip
 
     def _replace(self, rebuild: torch.Tensor, state: State, edges: Edges) -> Edges:
         found = self._search(state, edges.capacity, self.bin_capacity)
@@ -226,22 +223,7 @@ class NeighbourList:
         larger list, as for any overflow). The result's ``overflow`` is that same tensor.
         """
         with torch.no_grad():
-            keep = _within_cutoff(state, edges, self.cutoff) & _first_of_pair(edges)
-            none = torch.zeros((), dtype=torch.int64, device=state.device)
-            take, pick, pairs = _fill_slots(keep, self._pair_slots, none)
-            edges.overflow.copy_(edges.overflow | (pairs > self._pair_slots.shape[0]))
-            found = 2 * pairs
-            self._peak_cutoff_count.copy_(torch.maximum(self._peak_cutoff_count, found))
-            index = torch.where(take, edges.edge_index[:, pick], 0)
-            shifts = torch.where(take[:, None], edges.unit_shifts[pick], 0.0)
-            return Edges(
-                edge_index=torch.cat([index, index.flip(0)], dim=1),
-                unit_shifts=torch.cat([shifts, -shifts]),
-                mask=torch.cat([take, take]),
-                count=found,
-                overflow=edges.overflow,
-                mirrored=True,
-            )
+            return _compacted(state, edges, self.cutoff, self._pair_slots, self._peak_cutoff_count)
 
     def saved(self) -> dict[str, Any]:
         """What a restart keeps so that a resumed run has this very list (:meth:`restore`):
@@ -417,6 +399,70 @@ class NeighbourList:
             max_occupancy=max_occupancy,
             stencil_broken=broken,
         )
+
+
+@fusible
+def _skin_test(
+    state: State,
+    ref_cell: torch.Tensor,
+    ref_positions: torch.Tensor,
+    ref_offsets: torch.Tensor,
+    max_image: torch.Tensor,
+    largest_move: torch.Tensor,
+    skin: float,
+) -> torch.Tensor:
+    """() bool: could a pair be missing, measured from the build's reference? Keeps each
+    system's largest move since the build in ``largest_move`` (the guard reads it)."""
+    cell_change = state.cell - ref_cell
+    moved = state.positions - ref_positions
+    # Displacement in the frame of the build's wrapped images, so cell changes count.
+    moved = moved - per_system_matmul(ref_offsets, cell_change, systems_of_atoms(state))
+    largest = torch.zeros(state.n_systems, dtype=moved.dtype, device=moved.device)
+    largest = largest.scatter_reduce(0, state.system, moved.norm(dim=-1), "amax")
+    largest_move.copy_(torch.maximum(largest_move, largest))
+    image_change = (max_image * cell_change.norm(dim=-1)).sum(dim=-1)
+    return (2 * largest + image_change >= skin).any()
+
+
+@fusible
+def _mark_stale(
+    state: State,
+    ref_cell: torch.Tensor,
+    ref_positions: torch.Tensor,
+    ref_offsets: torch.Tensor,
+    max_image: torch.Tensor,
+    largest_move: torch.Tensor,
+    skin: float,
+    stale: torch.Tensor,
+) -> None:
+    """`_skin_test` folded into the ``stale`` flag (one fused computation when compiled)."""
+    needed = _skin_test(state, ref_cell, ref_positions, ref_offsets, max_image, largest_move, skin)
+    stale.copy_(stale | needed)
+
+
+@fusible
+def _compacted(
+    state: State, edges: Edges, cutoff: float, pair_slots: torch.Tensor, peak: torch.Tensor
+) -> Edges:
+    """`NeighbourList.cutoff_edges`' work: the mirrored pairs within ``cutoff`` in
+    ``pair_slots``; raises ``edges.overflow`` when they do not fit and keeps the largest
+    count in ``peak``."""
+    keep = _within_cutoff(state, edges, cutoff) & _first_of_pair(edges)
+    none = torch.zeros((), dtype=torch.int64, device=state.device)
+    take, pick, pairs = _fill_slots(keep, pair_slots, none)
+    edges.overflow.copy_(edges.overflow | (pairs > pair_slots.shape[0]))
+    found = 2 * pairs
+    peak.copy_(torch.maximum(peak, found))
+    index = torch.where(take, edges.edge_index[:, pick], 0)
+    shifts = torch.where(take[:, None], edges.unit_shifts[pick], 0.0)
+    return Edges(
+        edge_index=torch.cat([index, index.flip(0)], dim=1),
+        unit_shifts=torch.cat([shifts, -shifts]),
+        mask=torch.cat([take, take]),
+        count=found,
+        overflow=edges.overflow,
+        mirrored=True,
+    )
 
 
 def _fill_slots(

@@ -2,7 +2,9 @@
 
 Everything here that a step calls is device work on fixed shapes: per-system quantities are
 sums over atoms with ``index_add_`` over ``State.system``, and per-system parameters reach the
-atoms by indexing with ``State.system``. Nothing reads a tensor's value on the host.
+atoms by indexing with ``State.system``. Nothing reads a tensor's value on the host. The
+arithmetic of a step is marked ``fusible`` (dynamics/fusion.py): in a run that compiles its
+model on CUDA, Inductor fuses it into a few kernels.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from fastmace.dynamics.fusion import fusible
 from fastmace.dynamics.integrators.streams import RandomStreams, Seed, random_streams
 from fastmace.dynamics.integrators.units import EV_PER_AMU_A2_PER_FS2, KB_EV_PER_K
 from fastmace.dynamics.integrators.validation import (
@@ -114,6 +117,7 @@ def system_sum(values: torch.Tensor, system: torch.Tensor, n_systems: int) -> to
     return out.index_add_(0, system, values)
 
 
+@fusible
 def kinetic_energy(state: State) -> torch.Tensor:
     """(S,) kinetic energy ``sum 1/2 m v²`` of each system in eV."""
     per_atom = state.masses * (state.velocities * state.velocities).sum(dim=1)
@@ -133,6 +137,7 @@ def cell_volume(cell: torch.Tensor) -> torch.Tensor:
     return torch.linalg.cross(a, b).mul(c).sum(dim=1).abs()
 
 
+@fusible
 def remove_com_momentum(state: State, system_mass: torch.Tensor | None = None) -> State:
     """A State whose every system has zero total momentum (velocities shifted per system)."""
     if system_mass is None:
@@ -151,6 +156,7 @@ def count_degrees_of_freedom(state: State) -> torch.Tensor:
     return 3.0 * atoms - 3.0
 
 
+@fusible
 def half_kick(
     velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor, timestep: float
 ) -> torch.Tensor:
@@ -158,6 +164,7 @@ def half_kick(
     return velocities + (0.5 * timestep / EV_PER_AMU_A2_PER_FS2) * forces / masses[:, None]
 
 
+@fusible
 def drift(positions: torch.Tensor, velocities: torch.Tensor, duration: float) -> torch.Tensor:
     """Positions after moving at constant velocity for ``duration`` fs (the Verlet "A")."""
     return positions + duration * velocities

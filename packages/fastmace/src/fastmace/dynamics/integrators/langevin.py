@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from fastmace.dynamics.fusion import fusible
 from fastmace.dynamics.integrators.common import (
     ComputeFn,
     HeatBathState,
@@ -89,29 +90,54 @@ def langevin_init(
 
 def langevin_step(md: LangevinState, compute: ComputeFn) -> LangevinState:
     """One BAOAB step: half kick, half drift, friction and noise, half drift, half kick."""
-    dt, masses = md.timestep, md.state.masses
-    velocities = half_kick(md.state.velocities, md.forces, masses, dt)
-    positions = drift(md.state.positions, velocities, dt / 2)
-    velocities, heat = ornstein_uhlenbeck(md, replace(md.state, velocities=velocities), dt)
-    positions = drift(positions, velocities, dt / 2)
-    md = evaluate(md, replace(md.state, positions=positions, velocities=velocities), compute)
-    md = with_velocities(md, half_kick(velocities, md.forces, masses, dt))
+    noise = md.streams.per_atom(3, dtype=torch.float64, device=md.state.device)
+    state, heat = _before_forces(
+        md.state, md.forces, md.friction, md.kT, md.system_mass, noise, md.timestep
+    )
+    md = evaluate(md, state, compute)
+    md = with_velocities(md, half_kick(state.velocities, md.forces, state.masses, md.timestep))
     return replace(md, thermostat_energy=md.thermostat_energy + heat)
 
 
+@fusible
+def _before_forces(
+    state: State,
+    forces: torch.Tensor,
+    friction: torch.Tensor,
+    kT: torch.Tensor,
+    system_mass: torch.Tensor,
+    noise: torch.Tensor,
+    dt: float,
+) -> tuple[State, torch.Tensor]:
+    """B, A, O and A of BAOAB (one fused computation in a compiled run): the state where the
+    forces are evaluated next, and the (S,) kinetic energy given to the bath."""
+    velocities = half_kick(state.velocities, forces, state.masses, dt)
+    state = replace(state, positions=drift(state.positions, velocities, dt / 2))
+    velocities, heat = ornstein_uhlenbeck(
+        replace(state, velocities=velocities), noise, friction, kT, system_mass, dt
+    )
+    return replace(state, positions=drift(state.positions, velocities, dt / 2),
+                   velocities=velocities), heat  # fmt: skip
+
+
 def ornstein_uhlenbeck(
-    md: LangevinState, state: State, duration: float
+    state: State,
+    noise: torch.Tensor,
+    friction: torch.Tensor,
+    kT: torch.Tensor,
+    system_mass: torch.Tensor,
+    duration: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The O step: exact friction and noise over ``duration`` fs, then the COM projected out.
+    """The O step: exact friction and ``noise`` (N, 3) standard normal numbers over
+    ``duration`` fs, then the COM projected out.
 
     Returns the new velocities and the (S,) kinetic energy given to the bath.
     """
     system = state.system
-    c1 = torch.exp(-md.friction * duration)[system, None]
-    sigma = torch.sqrt((1.0 - c1 * c1) * md.kT[system, None])
+    c1 = torch.exp(-friction * duration)[system, None]
+    sigma = torch.sqrt((1.0 - c1 * c1) * kT[system, None])
     sigma = sigma / torch.sqrt(state.masses[:, None] * EV_PER_AMU_A2_PER_FS2)
-    noise = md.streams.per_atom(3, dtype=torch.float64, device=state.device)
     new = remove_com_momentum(
-        replace(state, velocities=c1 * state.velocities + sigma * noise), md.system_mass
+        replace(state, velocities=c1 * state.velocities + sigma * noise), system_mass
     )
     return new.velocities, kinetic_energy(state) - kinetic_energy(new)
