@@ -82,7 +82,9 @@ def test_pair_tables_give_the_mlps_results_within_float32_rounding(variants, nam
     assert report.element_pairs == len(SPECIES) ** 2
     assert report.max_relative_error <= TABLE_TOLERANCE
     assert any(isinstance(m, PairRadialTable) for m in potential.model.modules())
-    assert_matches_reference(model, structures(), tabulated, state)
+    # A table is within TABLE_TOLERANCE (about 8 float32 epsilons) of its MLP, on top of the
+    # rounding itself: a stress that is a small sum of large terms needs that much more room.
+    assert_matches_reference(model, structures(), tabulated, state, epsilons=300)
     for quantity in ("energy", "forces", "stress"):
         a, b = getattr(plain, quantity), getattr(tabulated, quantity)
         scale = float(a.abs().max().clamp_min(1e-3))
