@@ -67,11 +67,22 @@ def per_system_matmul(
 
 def edge_vectors(state: State, edge_index: torch.Tensor, unit_shifts: torch.Tensor) -> torch.Tensor:
     """(E, 3) edge vectors in the state's dtype (float64): receiver - sender + shift @ cell."""
-    sender, receiver = edge_index[0], edge_index[1]
-    positions = state.positions
-    shifts = per_system_matmul(
-        unit_shifts.to(state.cell.dtype), state.cell, systems_of(state, sender)
+    return vectors_of_edges(
+        state.positions, state.cell, systems_of_atoms(state), edge_index, unit_shifts
     )
+
+
+def vectors_of_edges(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    system: torch.Tensor | None,
+    edge_index: torch.Tensor,
+    unit_shifts: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`edge_vectors` on tensors (``system``: every atom's, None for a batch of one)."""
+    sender, receiver = edge_index[0], edge_index[1]
+    edge_system = None if system is None else system.index_select(0, sender)
+    shifts = per_system_matmul(unit_shifts.to(cell.dtype), cell, edge_system)
     return positions.index_select(0, receiver) - positions.index_select(0, sender) + shifts
 
 

@@ -54,12 +54,12 @@ from fastmace.dynamics.edge_chunks import (
 )
 from fastmace.dynamics.edges import (
     Edges,
-    edge_vectors,
     per_system_matmul,
-    systems_of,
     systems_of_atoms,
+    vectors_of_edges,
 )
 from fastmace.dynamics.fused_conv import ConvolutionError, fused_convolution_model
+from fastmace.dynamics.fusion import fusible
 from fastmace.dynamics.irreps_linear import IrrepsLinear
 from fastmace.dynamics.module_copy import copy_modules_of, weight_sharing_copy
 from fastmace.dynamics.overflow import available_memory_bytes
@@ -639,9 +639,7 @@ class Potential(torch.nn.Module):
                 # electron energies.
                 energy = output["energy"].to(ENERGY_DTYPE)
             else:
-                node_energy = output["node_energy"][: state.n_atoms].to(ENERGY_DTYPE)
-                energy = torch.zeros(state.n_systems, dtype=ENERGY_DTYPE, device=state.device)
-                energy = energy.index_add(0, state.system, node_energy)
+                energy = _system_energies(output["node_energy"], state.system, state.n_systems)
             inputs = [graph.positions]
             if graph.displacement is not None:
                 inputs.append(graph.displacement)
@@ -654,17 +652,10 @@ class Potential(torch.nn.Module):
                 allow_unused=True,
                 materialize_grads=True,
             )
-        forces = -gradients[0].to(ENERGY_DTYPE)
         if graph.displacement is None:
-            return PotentialOutput(energy=energy.detach(), forces=forces)
-        energy_strain_derivative = gradients[1].to(ENERGY_DTYPE)
-        volume = _cell_volume(state.cell).view(-1, 1, 1)
-        stress = torch.where(
-            volume > 0, energy_strain_derivative / volume, torch.zeros_like(volume)
-        )
-        return PotentialOutput(
-            energy=energy.detach(), forces=forces, virial=-energy_strain_derivative, stress=stress
-        )
+            return PotentialOutput(energy=energy.detach(), forces=_forces(gradients[0]))
+        forces, virial, stress = _forces_and_stress(gradients[0], gradients[1], state.cell)
+        return PotentialOutput(energy=energy.detach(), forces=forces, virial=virial, stress=stress)
 
     def _model_call(
         self, mirrored: bool, edges: int, compiled: bool = True
@@ -690,49 +681,42 @@ class Potential(torch.nn.Module):
         """mace-torch's input dictionary for this batch, plus the leaves to differentiate
         (``padding``: the number of padding nodes, default :func:`padding_nodes`)."""
         dtype = self.node_attr_table.dtype
-        device = state.device
         n_atoms, n_systems = state.n_atoms, state.n_systems
         edge_index, unit_shifts, real = _real_edges(state, edges, self.r_max)
         positions = state.positions.to(dtype=dtype, copy=True).requires_grad_(True)
-        cell = state.cell.to(dtype)
-        displacement = None
-        if compute_stress:
-            positions_moved, cell_moved, displacement = _strained(
-                positions, cell, systems_of_atoms(state)
-            )
-        else:
-            positions_moved, cell_moved = positions, cell
-        unit_shifts = unit_shifts.to(dtype)
-        shifts = per_system_matmul(unit_shifts, cell_moved, systems_of(state, edge_index[0]))
-        # Rerouted edges: self-edges of the padding nodes (from index n_atoms) with a fixed
-        # vector.
-        shifts = torch.where(real.unsqueeze(-1), shifts, self.padding_shift)
+        displacement = _zero_strain(state.cell.shape[0], positions) if compute_stress else None
         padding = padding_nodes(n_atoms) if padding is None else padding
-        edge_index = torch.where(real, edge_index, n_atoms + _padding_node_of_slot(edges, padding))
-        padded = torch.cat([positions_moved, positions_moved.new_zeros(padding, 3)])
-        # The edge vectors are formed here and handed to the model as its "shifts", with all
-        # positions zero: mace's receiver - sender + shift is then exactly these vectors.
-        # index_select's backward is an atomic index_add; mace's own x[index] gathers would
-        # be differentiated by a sort-based kernel, 4.6 ms per step at 13,824 atoms (H200).
-        vectors = padded.index_select(0, edge_index[1]) - padded.index_select(0, edge_index[0])
-        vectors = vectors + shifts
-        padding_system = torch.full((padding,), n_systems, dtype=torch.int64, device=device)
-        batch = torch.cat([state.system, padding_system])
-        boundaries = torch.arange(n_systems + 2, dtype=torch.int64, device=device)
+        vectors, cell_rows, edge_index, unit_shifts = _model_edges(
+            positions,
+            state.cell.to(dtype),
+            displacement,
+            systems_of_atoms(state),
+            edge_index,
+            unit_shifts,
+            real,
+            edges.mirrored,
+            self.padding_shift,
+            padding,
+        )
+        node_attrs, batch, ptr = _model_nodes(
+            state.atomic_numbers,
+            state.system,
+            self.node_attr_table,
+            self._padding_node_attrs(),
+            n_systems,
+            padding,
+        )
         data = {
-            "positions": torch.zeros_like(padded),
-            "node_attrs": torch.cat(
-                [
-                    self.node_attr_table[state.atomic_numbers],
-                    self._padding_node_attrs().expand(padding, -1),
-                ]
-            ),
+            # The edge vectors are handed to the model as its "shifts", with all positions
+            # zero: mace's receiver - sender + shift is then exactly these vectors.
+            "positions": positions.new_zeros(n_atoms + padding, 3),
+            "node_attrs": node_attrs,
             "edge_index": edge_index,
             "shifts": vectors,
             "unit_shifts": unit_shifts,
-            "cell": torch.cat([cell_moved, cell_moved.new_zeros(1, 3, 3)]).view(-1, 3),
+            "cell": cell_rows,
             "batch": batch,
-            "ptr": torch.searchsorted(batch, boundaries),
+            "ptr": ptr,
             "head": self.head_index.expand(n_systems + 1),
         }
         return _Graph(data=data, positions=positions, displacement=displacement)
@@ -970,12 +954,12 @@ class _Graph:
     displacement: torch.Tensor | None
 
 
-def _padding_node_of_slot(edges: Edges, padding: int) -> torch.Tensor:
+def _padding_node_of_slot(edge_index: torch.Tensor, mirrored: bool, padding: int) -> torch.Tensor:
     """(E,) which padding node (0 .. padding - 1) each slot's edge goes to if it is padding:
     slot by slot in turn, and for mirrored edges the same node for both halves of a pair."""
-    slots = edges.edge_index.shape[1]
-    slot = torch.arange(slots, device=edges.edge_index.device)
-    if edges.mirrored:
+    slots = edge_index.shape[1]
+    slot = torch.arange(slots, device=edge_index.device)
+    if mirrored:
         slot = slot % (slots // 2)  # a mirrored list holds at least one pair
     return slot % padding
 
@@ -989,13 +973,116 @@ def _real_edges(
     pairs mace-torch's own neighbour list would give. Padding slots are set to atom 0 and a
     zero shift first, so whatever they held (even NaN) cannot reach a gradient.
     """
-    mask = edges.mask
-    edge_index = torch.where(mask, edges.edge_index, 0)
-    unit_shifts = torch.where(mask.unsqueeze(-1), edges.unit_shifts, 0.0)
-    vectors = edge_vectors(state, edge_index, unit_shifts)
+    return _sanitised_real_edges(
+        state.positions,
+        state.cell,
+        systems_of_atoms(state),
+        edges.edge_index,
+        edges.unit_shifts,
+        edges.mask,
+        r_max,
+    )
+
+
+@fusible
+def _sanitised_real_edges(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    system: torch.Tensor | None,
+    edge_index: torch.Tensor,
+    unit_shifts: torch.Tensor,
+    mask: torch.Tensor,
+    r_max: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_real_edges` on tensors (``system``: every atom's, None for a batch of one)."""
+    edge_index = torch.where(mask, edge_index, 0)
+    unit_shifts = torch.where(mask.unsqueeze(-1), unit_shifts, 0.0)
+    vectors = vectors_of_edges(positions, cell, system, edge_index, unit_shifts)
     length_squared = (vectors * vectors).sum(-1)
     real = mask & (length_squared < r_max * r_max) & (length_squared > 0)
     return edge_index, unit_shifts, real
+
+
+@fusible
+def _model_edges(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    displacement: torch.Tensor | None,
+    system: torch.Tensor | None,
+    edge_index: torch.Tensor,
+    unit_shifts: torch.Tensor,
+    real: torch.Tensor,
+    mirrored: bool,
+    padding_shift: torch.Tensor,
+    padding: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The model's edge inputs, differentiable in ``positions`` and ``displacement``.
+
+    Returns the (E, 3) edge vectors (an edge that is not real becomes a self-edge of a
+    padding node, :func:`_padding_node_of_slot`, with the fixed ``padding_shift``), the cells
+    as rows with a zero cell for the padding nodes' system, and the edge index and unit
+    shifts in the model's dtype (``padding``: the number of padding nodes after the atoms).
+    """
+    if displacement is not None:
+        positions, cell = _apply_strain(positions, cell, displacement, system)
+    unit_shifts = unit_shifts.to(positions.dtype)
+    edge_system = None if system is None else system.index_select(0, edge_index[0])
+    shifts = per_system_matmul(unit_shifts, cell, edge_system)
+    shifts = torch.where(real.unsqueeze(-1), shifts, padding_shift)
+    padding_node = positions.shape[0] + _padding_node_of_slot(edge_index, mirrored, padding)
+    edge_index = torch.where(real, edge_index, padding_node)
+    padded = torch.cat([positions, positions.new_zeros(padding, 3)])
+    # index_select's backward is an atomic index_add; mace's own x[index] gathers would be
+    # differentiated by a sort-based kernel, 4.6 ms per step at 13,824 atoms (H200).
+    vectors = padded.index_select(0, edge_index[1]) - padded.index_select(0, edge_index[0])
+    cell_rows = torch.cat([cell, cell.new_zeros(1, 3, 3)]).view(-1, 3)
+    return vectors + shifts, cell_rows, edge_index, unit_shifts
+
+
+@fusible
+def _model_nodes(
+    atomic_numbers: torch.Tensor,
+    system: torch.Tensor,
+    node_attr_table: torch.Tensor,
+    padding_attrs: torch.Tensor,
+    n_systems: int,
+    padding: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The model's node inputs: one-hot elements, system of each node and the systems'
+    first rows, for the atoms and then ``padding`` padding nodes (system ``n_systems``)."""
+    node_attrs = torch.cat(
+        [node_attr_table.index_select(0, atomic_numbers), padding_attrs.expand(padding, -1)]
+    )
+    batch = torch.cat([system, system.new_full((padding,), n_systems)])
+    boundaries = torch.arange(n_systems + 2, dtype=batch.dtype, device=batch.device)
+    return node_attrs, batch, torch.searchsorted(batch, boundaries)
+
+
+@fusible
+def _system_energies(
+    node_energy: torch.Tensor, system: torch.Tensor, n_systems: int
+) -> torch.Tensor:
+    """(S,) float64 energy of each system from the model's node energies (the atoms' rows
+    first, then the padding nodes', which are left out)."""
+    atoms = node_energy[: system.shape[0]].to(ENERGY_DTYPE)
+    return atoms.new_zeros(n_systems).index_add(0, system, atoms)
+
+
+@fusible
+def _forces(position_gradient: torch.Tensor) -> torch.Tensor:
+    return -position_gradient.to(ENERGY_DTYPE)
+
+
+@fusible
+def _forces_and_stress(
+    position_gradient: torch.Tensor, strain_gradient: torch.Tensor, cell: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forces, virials and stresses (zero for a system without a cell) in float64 from the
+    energy's gradients by the positions and the strain."""
+    energy_strain_derivative = strain_gradient.to(ENERGY_DTYPE)
+    volume = _cell_volume(cell).view(-1, 1, 1)
+    stress = torch.where(volume > 0, energy_strain_derivative / volume, torch.zeros_like(volume))
+    return _forces.unfused(position_gradient), -energy_strain_derivative, stress
 
 
 def _strained(
@@ -1006,13 +1093,23 @@ def _strained(
     The same construction as mace-torch's ``get_symmetric_displacement`` (after NequIP):
     r -> r (1 + ε_sym), cell -> cell (1 + ε_sym), so dE/dε is the virial's negative.
     """
-    displacement = torch.zeros(
-        (cell.shape[0], 3, 3), dtype=positions.dtype, device=positions.device
-    ).requires_grad_(True)
+    displacement = _zero_strain(cell.shape[0], positions)
+    return *_apply_strain(positions, cell, displacement, system), displacement
+
+
+def _zero_strain(n_systems: int, like: torch.Tensor) -> torch.Tensor:
+    """(S, 3, 3) zero displacement gradient, the leaf that the virial is differentiated by."""
+    return like.new_zeros((n_systems, 3, 3)).requires_grad_(True)
+
+
+def _apply_strain(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    displacement: torch.Tensor,
+    system: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     strain = 0.5 * (displacement + displacement.transpose(-1, -2))
-    positions_moved = positions + per_system_matmul(positions, strain, system)
-    cell_moved = cell + torch.matmul(cell, strain)
-    return positions_moved, cell_moved, displacement
+    return positions + per_system_matmul(positions, strain, system), cell + cell @ strain
 
 
 def _cell_volume(cell: torch.Tensor) -> torch.Tensor:
