@@ -1364,8 +1364,8 @@ mp0-medium/1728/fastmace-default-unfused,mh-1/216/fastmace-default,mh-1/216/fast
   # fusion at 216 atoms, profiled (stage 96 on an H100: 1.07 fused, 1.34 unfused, 74.4
   # element-wise launches per step); then MH-1 at 1,728 atoms with its pair tables apart and
   # inside FastMACE's convolution (stage 95's benchmark, which checks the first state).
-  timeout 420 python3 benchmarks/md_speed.py --out "$OUT/fusion" --budget-s 400 --profile \
-    --case-timeout-s 150 --only "mp0-medium/216/fastmace-default,\
+  timeout 330 python3 benchmarks/md_speed.py --out "$OUT/fusion" --budget-s 290 --profile \
+    --case-timeout-s 120 --only "mp0-medium/216/fastmace-default,\
 mp0-medium/216/fastmace-default-unfused,mh-1/216/fastmace-default,\
 mh-1/1728/fastmace-cueq-table-compile,mh-1/1728/fastmace-cueq-conv-table-compile" \
     > "$OUT/fusion.log" 2>&1
