@@ -1371,6 +1371,14 @@ mh-1/1728/fastmace-cueq-table-compile,mh-1/1728/fastmace-cueq-conv-table-compile
     > "$OUT/fusion.log" 2>&1
   echo "fusion: exit $?"; grep -E "ms/step|Error|error|      [0-9.]+ ms" "$OUT/fusion.log" | tail -60
   ;;
+98)
+  # Stage 97's first two cases alone (what the last 4 device minutes hold): the default path
+  # with the potential's arithmetic fused as well, against the same run unfused, at 216 atoms.
+  timeout 140 python3 benchmarks/md_speed.py --out "$OUT/fusion" --budget-s 120 --profile \
+    --case-timeout-s 90 --only "mp0-medium/216/fastmace-default,\
+mp0-medium/216/fastmace-default-unfused" > "$OUT/fusion.log" 2>&1
+  echo "fusion: exit $?"; grep -E "ms/step|Error|error|      [0-9.]+ ms" "$OUT/fusion.log" | tail -30
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
