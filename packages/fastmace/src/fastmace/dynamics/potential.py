@@ -1082,7 +1082,7 @@ def _forces_and_stress(
     energy_strain_derivative = strain_gradient.to(ENERGY_DTYPE)
     volume = _cell_volume(cell).view(-1, 1, 1)
     stress = torch.where(volume > 0, energy_strain_derivative / volume, torch.zeros_like(volume))
-    return _forces.unfused(position_gradient), -energy_strain_derivative, stress
+    return _forces(position_gradient), -energy_strain_derivative, stress
 
 
 def _strained(
