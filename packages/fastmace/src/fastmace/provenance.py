@@ -300,6 +300,7 @@ def engine_record(run: RunRecord) -> dict[str, Any]:
         "own_kernels_check": run.potential.own_kernels_check,
         "matmul_precision": run.potential.matmul_precision,
         "bf16_layers": list(run.potential.bf16_layers),
+        "stacked_layers": list(run.potential.stacked_layers),
         "edge_chunking": edge_chunking_record(run.potential),
         "skin_A": neighbours.skin,
         "headroom": neighbours.headroom,
@@ -475,6 +476,8 @@ def run_report(run: RunRecord, result: MDResult) -> str:
         graphs += f" ({run.potential.own_kernels_check})"
     if run.potential.bf16_layers:
         graphs += f", {len(run.potential.bf16_layers)} linear layers in BF16"
+    if run.potential.stacked_layers:
+        graphs += f", {len(run.potential.stacked_layers)} linear layers as batched GEMMs"
     if run.potential.chunked_calls:
         rows = run.potential.edge_chunk_rows
         graphs += f", edges worked through in chunks of {rows} rows (uncompiled)"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from fastmace.dynamics.irreps_linear import is_equivariant_linear, read_linear
-from fastmace.dynamics.module_copy import shallow_copy
+from fastmace.dynamics.module_copy import shallow_copy, with_replaced
 from fastmace.dynamics.species_linear import SpeciesLinear
 
 
@@ -36,20 +36,3 @@ def bf16_model(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
             replacement.precision = "bf16"
             replacements[name] = replacement
     return with_replaced(model, replacements), list(replacements)
-
-
-def with_replaced(
-    model: torch.nn.Module, replacements: dict[str, torch.nn.Module]
-) -> torch.nn.Module:
-    """A copy of ``model`` with the submodules at the given dotted names replaced; new module
-    objects only along the paths to them, everything else shared."""
-    root = shallow_copy(model)
-    for name, replacement in replacements.items():
-        *path, last = name.split(".")
-        parent = root
-        for part in path:
-            child = shallow_copy(parent._modules[part])
-            parent._modules[part] = child
-            parent = child
-        parent._modules[last] = replacement
-    return root

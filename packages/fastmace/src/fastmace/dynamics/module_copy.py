@@ -85,3 +85,20 @@ def copy_modules_of(
             parent, _, child = name.rpartition(".")
             setattr(target.get_submodule(parent), child, copy.deepcopy(module))
     return target
+
+
+def with_replaced(
+    model: torch.nn.Module, replacements: dict[str, torch.nn.Module]
+) -> torch.nn.Module:
+    """A copy of ``model`` with the submodules at the given dotted names replaced; new module
+    objects only along the paths to them, everything else shared."""
+    root = shallow_copy(model)
+    for name, replacement in replacements.items():
+        *path, last = name.split(".")
+        parent = root
+        for part in path:
+            child = shallow_copy(parent._modules[part])
+            parent._modules[part] = child
+            parent = child
+        parent._modules[last] = replacement
+    return root

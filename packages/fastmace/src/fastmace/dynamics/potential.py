@@ -82,6 +82,7 @@ from fastmace.dynamics.radial_table import (
     tabulated_model,
 )
 from fastmace.dynamics.species_linear import SpeciesLinear, specialise_for_species
+from fastmace.dynamics.stacked_linear import stacked_model
 from fastmace.dynamics.state import PotentialOutput, State
 from fastmace.dynamics.table_conv import table_convolution_model
 from fastmace.models.backends import precision_loosening, rounding_tolerances
@@ -156,7 +157,10 @@ class Potential(torch.nn.Module):
             with BF16 inputs and float32 sums (dynamics/bf16_tier.py; BF16 tensor cores on
             CUDA, the same numbers computed in float32 on the CPU); everything else, the
             radial MLPs and tensor products included, stays float32. Float32 short-range
-            models only; ``bf16_layers`` lists the layers it changed.
+            models only; ``bf16_layers`` lists the layers it changed. Otherwise a local
+            model's cuEquivariance linear layers run as one batched GEMM per shape of their
+            matrices instead of one GEMM per path (dynamics/stacked_linear.py: the same
+            products, fewer launches); ``stacked_layers`` lists them.
         radial_table: read each interaction block's radial weights from a table of the
             distance instead of running its radial MLP (dynamics/radial_table.py); raises
             ``TableError`` for a model whose blocks do not allow it. ``table_report`` says
@@ -228,6 +232,8 @@ class Potential(torch.nn.Module):
                 "the model in float32 or leave matmul_precision at 'float32'"
             )
         self.bf16_layers: list[str] = []  # the layers whose GEMMs run in BF16
+        # cuEquivariance linear layers run as batched GEMMs (dynamics/stacked_linear.py)
+        self.stacked_layers: list[str] = []
         self.model_species = tuple(int(z) for z in model.atomic_numbers)
         self.species = _species_tuple(species)
         self.check_species(self.species)
@@ -295,6 +301,12 @@ class Potential(torch.nn.Module):
             if matmul_precision == "bf16":
                 self.model, self.bf16_layers = bf16_model(self.model)
                 without_own_kernels, _ = bf16_model(without_own_kernels)
+            else:
+                # cuEquivariance's linear layers as one batched GEMM per shape of their
+                # matrices: the same products in fewer launches (dynamics/stacked_linear.py).
+                self.model, self.stacked_layers = stacked_model(self.model)
+                if self.fused_convolution_used or self.product_basis_used:
+                    without_own_kernels, _ = stacked_model(without_own_kernels)
             if self.fused_convolution_used or self.product_basis_used:
                 # Checked once more on the run's first state (forward), against this.
                 self._unchecked_against = without_own_kernels
