@@ -1385,17 +1385,18 @@ mp0-medium/216/fastmace-default-unfused" > "$OUT/fusion.log" 2>&1
   # Issue 30: cuEquivariance's linear layers as one batched GEMM per shape of their matrices
   # (dynamics/stacked_linear.py; stage 98 on an H200: 50 float32 GEMM launches, 0.283 of
   # 0.922 ms per step at 216 atoms). The default path before (.baseline: e65a94b) and after,
-  # profiled, in two md_speed processes one after the other: MP-0 medium at 216, 1,728 and
-  # 13,824 atoms, MH-1 (512-wide linear layers) at 216 and 1,728.
-  cases="mp0-medium/216/fastmace-default,mp0-medium/1728/fastmace-default,\
-mh-1/216/fastmace-default,mh-1/1728/fastmace-default,mp0-medium/13824/fastmace-default"
+  # profiled, in two md_speed processes one after the other: MP-0 medium at 216 and 13,824
+  # atoms, MH-1 (512-wide linear layers) at 216 (what fits the device time left after four
+  # machines could not be started).
+  cases="mp0-medium/216/fastmace-default,mh-1/216/fastmace-default,\
+mp0-medium/13824/fastmace-default"
   site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
-  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout 270 python3 \
-    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s 250 --case-timeout-s 100 \
+  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout 230 python3 \
+    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s 210 --case-timeout-s 90 \
     --profile --only "$cases" > "$OUT/before.log" 2>&1
   echo "before: exit $?"
-  timeout 270 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 250 \
-    --case-timeout-s 100 --profile --only "$cases" > "$OUT/after.log" 2>&1
+  timeout 230 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 210 \
+    --case-timeout-s 90 --profile --only "$cases" > "$OUT/after.log" 2>&1
   echo "after: exit $?"
   grep -hE "ms/step|Error|error|GEMM" "$OUT/before.log" "$OUT/after.log" | tail -40
   ;;
