@@ -138,18 +138,21 @@ def test_a_layer_that_is_not_its_stacked_map_is_refused():
         stacked_linear._check(StackedLinear(wrong), module, "interactions.1.linear")
 
 
-def test_a_cueq_potential_stacks_its_linear_layers_within_float32_rounding_of_mace_torch():
-    """A float32 potential on cuEquivariance runs its multi-path linear layers stacked (the
-    default), and its energies, forces and stresses stay within float32 rounding of
-    mace-torch's float64 model; in BF16 the layers are BF16's, not stacked."""
+def test_a_compiled_cueq_potential_stacks_its_linear_layers_within_float32_rounding():
+    """A float32 potential on cuEquivariance stacks its multi-path linear layers where it is
+    compiled (the default) or asked to, and its energies, forces and stresses stay within
+    float32 rounding of mace-torch's float64 model; in BF16 the layers are BF16's, and e3nn's
+    layers stay e3nn's."""
     from fastmace.models import backends
 
     model = model_of("tiny", torch.float32)
     converted = backends.convert(model, "cueq", "cpu")
-    potential = Potential(converted, SPECIES)
+    potential = Potential(converted, SPECIES, stack_linears=True)
     assert len(potential.stacked_layers) == 4
     structures = [copper_supercell(), triclinic_mixed()]
     state, output = run(potential, structures, compute_stress=True)
     assert_matches_reference(model, structures, output, state)
-    assert Potential(converted, SPECIES, matmul_precision="bf16").stacked_layers == []
-    assert Potential(model, SPECIES).stacked_layers == []  # e3nn's layers stay e3nn's
+    assert len(Potential(converted, SPECIES, compile=True).stacked_layers) == 4
+    assert Potential(converted, SPECIES).stacked_layers == []  # uncompiled: as converted
+    assert Potential(converted, SPECIES, compile=True, matmul_precision="bf16").stacked_layers == []
+    assert Potential(model, SPECIES, stack_linears=True).stacked_layers == []

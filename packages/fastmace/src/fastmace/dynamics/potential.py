@@ -157,10 +157,7 @@ class Potential(torch.nn.Module):
             with BF16 inputs and float32 sums (dynamics/bf16_tier.py; BF16 tensor cores on
             CUDA, the same numbers computed in float32 on the CPU); everything else, the
             radial MLPs and tensor products included, stays float32. Float32 short-range
-            models only; ``bf16_layers`` lists the layers it changed. Otherwise a local
-            model's cuEquivariance linear layers run as one batched GEMM per shape of their
-            matrices instead of one GEMM per path (dynamics/stacked_linear.py: the same
-            products, fewer launches); ``stacked_layers`` lists them.
+            models only; ``bf16_layers`` lists the layers it changed.
         radial_table: read each interaction block's radial weights from a table of the
             distance instead of running its radial MLP (dynamics/radial_table.py); raises
             ``TableError`` for a model whose blocks do not allow it. ``table_report`` says
@@ -196,6 +193,12 @@ class Potential(torch.nn.Module):
             in a share of the memory free now (fastmace.planner.edge_memory), for a model
             that can be chunked, and an evaluation that needs chunks runs uncompiled.
             ``edge_chunking`` says what was chosen and why.
+        stack_linears: a local model's cuEquivariance linear layers run as one batched GEMM
+            per shape of their matrices instead of one GEMM per path (dynamics/
+            stacked_linear.py: the same products in another order, fewer launches; each
+            layer checked when replaced); not with ``matmul_precision="bf16"``, whose layers
+            are BF16's. None (default): with ``compile``, as the path the planner compiles
+            is launch-bound at small sizes. ``stacked_layers`` lists the layers replaced.
 
     ``first_compiled_call_s`` holds the seconds of the first compiled call (its compilation
     included) once it has run: what the next plan for this model expects compilation to cost.
@@ -217,6 +220,7 @@ class Potential(torch.nn.Module):
         product_basis: bool = False,
         product_basis_fallback: bool = False,
         edge_chunk_rows: int | str | None = None,
+        stack_linears: bool | None = None,
     ) -> None:
         super().__init__()
         _check_model(model)
@@ -301,7 +305,7 @@ class Potential(torch.nn.Module):
             if matmul_precision == "bf16":
                 self.model, self.bf16_layers = bf16_model(self.model)
                 without_own_kernels, _ = bf16_model(without_own_kernels)
-            else:
+            elif compile if stack_linears is None else stack_linears:
                 # cuEquivariance's linear layers as one batched GEMM per shape of their
                 # matrices: the same products in fewer launches (dynamics/stacked_linear.py).
                 self.model, self.stacked_layers = stacked_model(self.model)
