@@ -778,6 +778,8 @@ class Bench:
             "fused_step": simulation.engine.fuse,
             "fused_step_failures": fusion_failures(),
             "fused_convolution_failure": simulation.potential.fused_convolution_failure,
+            # cuEquivariance linear layers run as batched GEMMs (dynamics/stacked_linear.py).
+            "stacked_layers": len(getattr(simulation.potential, "stacked_layers", ())),
             "edge_capacity": simulation.neighbours.capacity,
             "model_edge_capacity": simulation.neighbours.cutoff_capacity,
             "final_temperature_K": thermo.get("temperature_K"),
