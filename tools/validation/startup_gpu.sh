@@ -1400,6 +1400,20 @@ mp0-medium/13824/fastmace-default"
   echo "after: exit $?"
   grep -hE "ms/step|Error|error|GEMM" "$OUT/before.log" "$OUT/after.log" | tail -40
   ;;
+100)
+  # Stage 99 cut to what 8 device minutes hold: the default path at 216 atoms, MP-0 medium and
+  # MH-1, before (.baseline: e65a94b) and after the stacked linear layers, profiled.
+  cases="mp0-medium/216/fastmace-default,mh-1/216/fastmace-default"
+  site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
+  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout 160 python3 \
+    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s 150 --case-timeout-s 65 \
+    --profile --only "$cases" > "$OUT/before.log" 2>&1
+  echo "before: exit $?"
+  timeout 160 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 150 \
+    --case-timeout-s 65 --profile --only "$cases" > "$OUT/after.log" 2>&1
+  echo "after: exit $?"
+  grep -hE "ms/step|Error|error|GEMM|skipp" "$OUT/before.log" "$OUT/after.log" | tail -30
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
