@@ -1414,6 +1414,19 @@ mp0-medium/13824/fastmace-default"
   echo "after: exit $?"
   grep -hE "ms/step|Error|error|GEMM|skipp" "$OUT/before.log" "$OUT/after.log" | tail -30
   ;;
+101)
+  # Stage 100 cut to the one case 5 device minutes hold: MP-0 medium's default path at 216
+  # atoms before (.baseline: e65a94b) and after the stacked linear layers, profiled.
+  site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
+  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout 105 python3 \
+    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s 100 --case-timeout-s 75 \
+    --profile --only mp0-medium/216/fastmace-default > "$OUT/before.log" 2>&1
+  echo "before: exit $?"
+  timeout 105 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 100 \
+    --case-timeout-s 75 --profile --only mp0-medium/216/fastmace-default > "$OUT/after.log" 2>&1
+  echo "after: exit $?"
+  grep -hE "ms/step|Error|error|GEMM|skipp" "$OUT/before.log" "$OUT/after.log" | tail -20
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
