@@ -171,6 +171,18 @@ speed_before_after() {  # TIMEOUT BUDGET CASE-TIMEOUT ONLY: md_speed.py on .base
   grep -hE "\| (mp0|mh)" "$OUT"/before/md_speed.md "$OUT"/after/md_speed.md
 }
 
+profiled_before_after() {  # TIMEOUT BUDGET CASE-TIMEOUT ONLY: speed_before_after, profiled
+  local site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
+  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout "$1" python3 \
+    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s "$2" --case-timeout-s "$3" \
+    --profile --only "$4" > "$OUT/before.log" 2>&1
+  echo "before: exit $?"
+  timeout "$1" python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s "$2" \
+    --case-timeout-s "$3" --profile --only "$4" > "$OUT/after.log" 2>&1
+  echo "after: exit $?"
+  grep -hE "ms/step|Error|error|GEMM|skipp" "$OUT/before.log" "$OUT/after.log" | tail -40
+}
+
 case "${1:-1}" in
 1)
   timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider "$tests/test_relax.py" \
@@ -1386,46 +1398,20 @@ mp0-medium/216/fastmace-default-unfused" > "$OUT/fusion.log" 2>&1
   # (dynamics/stacked_linear.py; stage 98 on an H200: 50 float32 GEMM launches, 0.283 of
   # 0.922 ms per step at 216 atoms). The default path before (.baseline: e65a94b) and after,
   # profiled, in two md_speed processes one after the other: MP-0 medium at 216 and 13,824
-  # atoms, MH-1 (512-wide linear layers) at 216 (what fits the device time left after four
-  # machines could not be started).
-  cases="mp0-medium/216/fastmace-default,mh-1/216/fastmace-default,\
-mp0-medium/13824/fastmace-default"
-  site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
-  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout 230 python3 \
-    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s 210 --case-timeout-s 90 \
-    --profile --only "$cases" > "$OUT/before.log" 2>&1
-  echo "before: exit $?"
-  timeout 230 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 210 \
-    --case-timeout-s 90 --profile --only "$cases" > "$OUT/after.log" 2>&1
-  echo "after: exit $?"
-  grep -hE "ms/step|Error|error|GEMM" "$OUT/before.log" "$OUT/after.log" | tail -40
+  # atoms, MH-1 (512-wide linear layers) at 216. Make .baseline first and carry it:
+  #   mkdir -p .baseline && git archive e65a94b packages/fastmace/src benchmarks | tar -x -C .baseline
+  profiled_before_after 230 210 90 "mp0-medium/216/fastmace-default,\
+mh-1/216/fastmace-default,mp0-medium/13824/fastmace-default"
   ;;
 100)
   # Stage 99 cut to what 8 device minutes hold: the default path at 216 atoms, MP-0 medium and
   # MH-1, before (.baseline: e65a94b) and after the stacked linear layers, profiled.
-  cases="mp0-medium/216/fastmace-default,mh-1/216/fastmace-default"
-  site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
-  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout 160 python3 \
-    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s 150 --case-timeout-s 65 \
-    --profile --only "$cases" > "$OUT/before.log" 2>&1
-  echo "before: exit $?"
-  timeout 160 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 150 \
-    --case-timeout-s 65 --profile --only "$cases" > "$OUT/after.log" 2>&1
-  echo "after: exit $?"
-  grep -hE "ms/step|Error|error|GEMM|skipp" "$OUT/before.log" "$OUT/after.log" | tail -30
+  profiled_before_after 160 150 65 "mp0-medium/216/fastmace-default,mh-1/216/fastmace-default"
   ;;
 101)
   # Stage 100 cut to the one case 5 device minutes hold: MP-0 medium's default path at 216
   # atoms before (.baseline: e65a94b) and after the stacked linear layers, profiled.
-  site=${PYTHONPATH#"$PWD/packages/fastmace/src:"}
-  PYTHONPATH=".baseline/packages/fastmace/src:$site" timeout 105 python3 \
-    .baseline/benchmarks/md_speed.py --out "$OUT/before" --budget-s 100 --case-timeout-s 75 \
-    --profile --only mp0-medium/216/fastmace-default > "$OUT/before.log" 2>&1
-  echo "before: exit $?"
-  timeout 105 python3 benchmarks/md_speed.py --out "$OUT/after" --budget-s 100 \
-    --case-timeout-s 75 --profile --only mp0-medium/216/fastmace-default > "$OUT/after.log" 2>&1
-  echo "after: exit $?"
-  grep -hE "ms/step|Error|error|GEMM|skipp" "$OUT/before.log" "$OUT/after.log" | tail -20
+  profiled_before_after 105 100 75 "mp0-medium/216/fastmace-default"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
