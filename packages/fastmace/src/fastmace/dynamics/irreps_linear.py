@@ -24,6 +24,7 @@ import torch
 from fastmace.dynamics.reduced_matmul import PRECISIONS, matmul
 
 LAYOUTS = ("ir_mul", "mul_ir")
+CUEQ_LINEAR = "cuequivariance_torch.operations.linear.Linear"  # its class, by full name
 _CHECK_NODES = 16
 _IRREP = re.compile(r"^(?:(\d+)x)?(\d+)([eo])$")  # "8x1o", or "0e" for one copy
 
@@ -156,7 +157,7 @@ def is_equivariant_linear(module: torch.nn.Module) -> bool:
     """cuEquivariance's ``Linear`` with its own shared weights, or e3nn's ``o3.Linear``."""
     kind = type(module)
     name = f"{kind.__module__}.{kind.__name__}"
-    if name == "cuequivariance_torch.operations.linear.Linear":
+    if name == CUEQ_LINEAR:
         return bool(module.internal_weights) and int(module.weight_classes) == 1
     if name == "e3nn.o3._linear.Linear":
         return bool(module.internal_weights) and bool(module.shared_weights)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from fastmace.dynamics.irreps_linear import (
+    CUEQ_LINEAR,
     IrrepsLinear,
     LinearReadError,
     Segment,
@@ -27,8 +28,6 @@ from fastmace.dynamics.irreps_linear import (
     read_linear,
 )
 from fastmace.dynamics.module_copy import with_replaced
-
-CUEQ_LINEAR = "cuequivariance_torch.operations.linear.Linear"
 
 
 class StackedLinear(torch.nn.Module):
