@@ -156,3 +156,44 @@ def test_a_compiled_cueq_potential_stacks_its_linear_layers_within_float32_round
     assert Potential(converted, SPECIES).stacked_layers == []  # uncompiled: as converted
     assert Potential(converted, SPECIES, compile=True, matmul_precision="bf16").stacked_layers == []
     assert Potential(model, SPECIES, stack_linears=True).stacked_layers == []
+
+
+def test_a_stacked_layer_keeps_every_index_on_its_weights_device():
+    """The column indices are made on the CPU; left there, each call on CUDA copied them from
+    the host, which a CUDA graph's capture refuses: on an H100 every block of a default run
+    then ran uncaptured (benchmarks/results/2026-12-07-h100/stage104-stacked-md-capture.txt).
+    Matrices on the meta device stand in for CUDA's here: every buffer must follow them."""
+    inputs, outputs = segments("4x0e+4x0e+3x1o+2x3o"), segments("5x0e+2x1o+1x2e")
+    matrices = [torch.empty((8, 5)), torch.empty((3, 2)), torch.empty((0, 1))]
+    linear = IrrepsLinear(inputs, outputs, "ir_mul", [m.to("meta") for m in matrices])
+    stacked = StackedLinear(linear)
+    assert stacked.zero_column and stacked.group_0_columns is not None  # indices to move
+    assert {buffer.device.type for buffer in stacked.buffers()} == {"meta"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_the_gpu_a_stacked_layer_is_captured_in_a_cuda_graph():
+    """Forward and backward of a stacked layer of the tiny template inside one CUDA graph,
+    replayed on new input: the layer's own result."""
+    module = dict(cueq_template("tiny").named_modules())["interactions.1.linear"]
+    module = module.to("cuda")
+    stacked = StackedLinear(read_linear(module))
+    x = torch.randn((6, stacked.in_features), dtype=torch.float64, device="cuda")
+    x.requires_grad_(True)
+    seed = torch.randn((6, stacked.out_features), dtype=torch.float64, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture, as torch asks
+        torch.autograd.grad(stacked(x), x, seed)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = stacked(x)
+        (gradient,) = torch.autograd.grad(out, x, seed)
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    want, want_gradient = _value_and_gradient(module, x, seed)
+    torch.testing.assert_close(out.detach(), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gradient, want_gradient, rtol=1e-12, atol=1e-12)

@@ -48,8 +48,10 @@ class StackedLinear(torch.nn.Module):
         inputs = _columns_by_type(linear.inputs, linear.layout)
         outputs = _columns_by_type(linear.outputs, linear.layout)
         shapes: dict[tuple[int, int], list[str]] = {}
+        device = torch.device("cpu")
         for irrep in linear.irreps:
             matrix = linear.matrix(irrep)
+            device = matrix.device
             if matrix.shape[0] > 0:
                 shapes.setdefault(tuple(matrix.shape), []).append(irrep)
         self.groups = len(shapes)
@@ -76,6 +78,9 @@ class StackedLinear(torch.nn.Module):
         position[position < 0] = placed  # types without inputs read the column of zeros
         identity = not self.zero_column and torch.equal(position, torch.arange(placed))
         self.register_buffer("output_columns", None if identity else position)
+        # The column indices were made on the CPU: on the weights' device a call copies
+        # nothing from the host (which a CUDA graph's capture refuses).
+        self.to(device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         nodes = x.shape[0]
