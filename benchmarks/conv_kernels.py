@@ -12,12 +12,13 @@ cuEquivariance, the mirrored edges and per-pair radial weights the engine gives 
 * the block's radial table and convolution together, from the pairs' lengths: the table then
   cuEquivariance's convolution, against FastMACE's convolution reading the table itself
   (dynamics/table_conv.py), with the difference of their messages;
-* FastMACE's kernels alone with other launches (one warp or four, 1 to 8 edges per step);
+* FastMACE's kernels alone with other launches (registers per thread capped), reading
+  per-pair weights and reading the table (``--launches-only``: these alone);
 * then the whole potential (energy and forces; radial tables as the default path has them)
   with either convolution, captured in a CUDA graph and replayed (ms per evaluation), and the
   forces' difference.
 
-    python benchmarks/conv_kernels.py --atoms 216,1728,13824 --out DIR
+    python benchmarks/conv_kernels.py --atoms 216,1728,13824 --out DIR [--launches-only]
 
 writes DIR/conv_kernels.json (a ``cases`` list as md_speed.py's: model, atoms, path, variant,
 status, ms_per_step) and prints a table. The kernels' story is in docs/validation/performance.md.
@@ -55,6 +56,7 @@ from fastmace.models.load import load
 
 DEVICE = "cuda"
 REPEATS = 20
+LAUNCHES_ONLY = False  # --launches-only: FastMACE's kernels at each launch, nothing else
 
 
 def timed_ms(function: Any) -> dict[str, float]:
@@ -201,6 +203,11 @@ def convolution_cases(model_name: str, atoms: int, loaded: Any) -> list[dict[str
     for index, block in enumerate(potential.model.interactions):
         inputs = block_inputs(potential, state, edges, block, generator)
         coupling = coupling_of(block)
+        table = potential.model.interactions[index].conv_tp_weights  # radial_table=True
+        if LAUNCHES_ONLY:
+            ours = FusedConvolution(coupling, torch.float32, torch.device(DEVICE), skip=1)
+            cases += launch_cases(model_name, atoms, index, inputs, ours, table, generator)
+            continue
         theirs = backend_convolution(potential, index)
         ours = FusedConvolution(coupling, torch.float32, torch.device(DEVICE), skip=1)
         timings = {"cueq": time_convolution(theirs, inputs),
@@ -229,7 +236,9 @@ def convolution_cases(model_name: str, atoms: int, loaded: Any) -> list[dict[str
                     strict=True)),
             })  # fmt: skip
         cases += table_cases(model_name, atoms, potential, index, inputs, theirs, ours, generator)
-        cases += launch_cases(model_name, atoms, index, inputs, ours, generator)
+        cases += launch_cases(model_name, atoms, index, inputs, ours, table, generator)
+    if LAUNCHES_ONLY:
+        return cases
     return cases + potential_cases(model_name, atoms, loaded, state, edges)
 
 
@@ -257,20 +266,19 @@ def table_cases(model_name: str, atoms: int, potential: Potential, index: int, i
     } for path, timing in timings.items()]  # fmt: skip
 
 
-# (channels per program, edges per iteration): what the module runs (128, 1) first.
-LAUNCH_VARIANTS = ((128, 1), (32, 1), (128, 4), (128, 8), (32, 4))
+# (channels per program, edges per iteration, registers per thread): the module's launch
+# first, then the same within fewer registers (ptxas fills what it is allowed;
+# tools/validation/kernel_registers.py lists what each cap spills). More channels or edges per
+# program lost to one warp and one edge on an H100 (stage 79) and are not timed again.
+LAUNCH_VARIANTS = ((32, 1, None), (32, 1, 128), (32, 1, 96), (32, 1, 80), (32, 1, 64))
 
 
 def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: FusedConvolution,
-                 generator: torch.Generator) -> list[dict[str, Any]]:  # fmt: skip
-    """FastMACE's forward and backward kernels called directly with other launches: programs
-    of 32 channels (one warp) as well as 128 (four), and 1, 4 or 8 of the atom's edges per
-    iteration. Each program walks its atom's edges as a chain of dependent loads, and the
-    backward sums dL/dY over its channels for every edge (sixteen sums per edge, each through
-    shared memory and a barrier across four warps, inside a warp with one): more programs per
-    atom or more edges per iteration put more of that chain in flight, and edges taken
-    together share each sum's barrier (docs/design/convolution.md). Each variant's results
-    against the module's launch (the partial sums are added in another order)."""
+                 table: torch.nn.Module, generator: torch.Generator) -> list[dict]:  # fmt: skip
+    """FastMACE's forward and backward kernels called directly with other launches, reading
+    per-pair weights and reading the radial table: fewer registers per thread, so more one-warp
+    programs per SM, each walking its atom's edges as a chain of dependent loads
+    (docs/design/convolution.md). Each variant's results against the module's launch."""
     if DEVICE != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return []  # the kernels run on CUDA, or in Triton's interpreter (a smoke test)
     from fastmace.dynamics import conv_triton
@@ -279,38 +287,49 @@ def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: Fu
     features = inputs["features"].view(count, -1, ours.channels)
     weights = inputs["weights"].view(inputs["weights"].shape[0], ours.paths, ours.channels)
     harmonics, edge_index = inputs["harmonics"], inputs["edge_index"]
+    reach = table.intervals * table.spacing  # the table spans [0, r_max]
+    lengths = torch.rand(weights.shape[0], generator=generator, device=DEVICE) * reach
     grad = torch.randn((count, ours.coefficients.shape[2], ours.channels), generator=generator,
                        device=DEVICE)  # fmt: skip
     receiver_runs = conv_triton.runs(edge_index[1], count)
     sender_runs = conv_triton.runs(edge_index[0], count)
+    reads = {"weights": (weights,), "table": (lengths, table.coefficients, table.inverse_spacing)}
+    calls = {
+        "weights": (conv_triton.forward, conv_triton.backward),
+        "table": (conv_triton.forward_from_table, conv_triton.backward_from_table),
+    }
     found, cases = {}, []
-    for threads, step in LAUNCH_VARIANTS:
+    for source, (forward_kernel, backward_kernel) in calls.items():
+        read = reads[source]
+        for threads, step, registers in LAUNCH_VARIANTS:
+            launch = conv_triton.Launch(threads, step, registers)
 
-        def forward(threads: int = threads, step: int = step) -> torch.Tensor:
-            return conv_triton.forward(
-                ours.key, features, harmonics, weights, ours.coefficients, edge_index[0],
-                receiver_runs, ours.skip, threads, step,
-            )  # fmt: skip
+            def forward(launch=launch, kernel=forward_kernel, read=read) -> torch.Tensor:
+                return kernel(ours.key, features, harmonics, *read, ours.coefficients,
+                              edge_index[0], receiver_runs, ours.skip, launch)  # fmt: skip
 
-        def backward(threads: int = threads, step: int = step) -> tuple[torch.Tensor, ...]:
-            return conv_triton.backward(
-                ours.key, grad, features, harmonics, weights, ours.coefficients, edge_index,
-                receiver_runs, sender_runs, ours.skip, threads, step,
-            )  # fmt: skip
+            def backward(launch=launch, kernel=backward_kernel, read=read) -> tuple:
+                return kernel(ours.key, grad, features, harmonics, *read, ours.coefficients,
+                              edge_index, receiver_runs, sender_runs, ours.skip,
+                              launch)  # fmt: skip
 
-        forward_times, backward_times = timed_ms(forward), timed_ms(backward)
-        found[threads, step] = [forward(), *backward()]
-        cases.append({
-            "model": model_name, "atoms": atoms, "path": "convolution",
-            "variant": f"fastmace-threads{threads}-step{step}-block{index}", "status": "ok",
-            "ms_per_step": forward_times["kernel_ms"] + backward_times["kernel_ms"],
-            "forward_ms": forward_times["kernel_ms"], "backward_ms": backward_times["kernel_ms"],
-            "wall_ms": forward_times["wall_ms"] + backward_times["wall_ms"],
-            "threads": threads, "step": step,
-        })  # fmt: skip
-    reference = found[LAUNCH_VARIANTS[0]]
+            forward_times, backward_times = timed_ms(forward), timed_ms(backward)
+            found[source, threads, step, registers] = [forward(), *backward()]
+            cases.append({
+                "model": model_name, "atoms": atoms, "path": "convolution",
+                "variant": f"fastmace-{source}-threads{threads}-step{step}"
+                           f"-registers{registers or 'any'}-block{index}",
+                "status": "ok",
+                "ms_per_step": forward_times["kernel_ms"] + backward_times["kernel_ms"],
+                "forward_ms": forward_times["kernel_ms"],
+                "backward_ms": backward_times["kernel_ms"],
+                "wall_ms": forward_times["wall_ms"] + backward_times["wall_ms"],
+                "reads": source, "threads": threads, "step": step, "registers": registers,
+            })  # fmt: skip
     for case in cases:
-        pairs = zip(found[case["threads"], case["step"]], reference, strict=True)
+        key = case["reads"], case["threads"], case["step"], case["registers"]
+        reference = found[(case["reads"], *LAUNCH_VARIANTS[0])]
+        pairs = zip(found[key], reference, strict=True)
         case["vs_module_launch"] = max(relative(got, want.double()) for got, want in pairs)
     return cases
 
@@ -337,14 +356,18 @@ def kernel_benchmark(doc: str, cases_of: Any, path: str, json_name: str) -> None
     """The command line both kernel benchmarks share (this one and product_kernels.py):
     ``cases_of(model_name, atoms, loaded)`` for each size, a failing size recorded and the
     others kept, a line per case, and DIR/``json_name``."""
-    global DEVICE
+    global DEVICE, LAUNCHES_ONLY
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--atoms", default="216,1728,13824")
     parser.add_argument("--model", default="mp0-medium")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
+    parser.add_argument(
+        "--launches-only", action="store_true", help="conv_kernels.py: its own kernels' launches"
+    )
     args = parser.parse_args()
     DEVICE = args.device  # the timing helpers read it
+    LAUNCHES_ONLY = args.launches_only
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     loaded = load(f"template:{args.model}", backend="cueq", device=DEVICE, dtype="float32")

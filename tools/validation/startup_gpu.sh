@@ -92,6 +92,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 94  # issue 30's kernel rows at 13,824 (H200)
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 95  # MH-1's pair tables inside the convolution
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 96  # the step's arithmetic fused: before/after
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 99  # stacked linear layers: before/after
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 102 # 101 + the convolution's register caps
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1412,6 +1414,17 @@ mh-1/216/fastmace-default,mp0-medium/13824/fastmace-default"
   # Stage 100 cut to the one case 5 device minutes hold: MP-0 medium's default path at 216
   # atoms before (.baseline: e65a94b) and after the stacked linear layers, profiled.
   profiled_before_after 105 100 75 "mp0-medium/216/fastmace-default"
+  ;;
+102)
+  # Stage 101, then the convolution's own kernels within fewer registers a thread (ptxas
+  # fills what it may: MP-0 medium's second-block backward from the table takes 246 unbounded,
+  # eight one-warp programs per SM; tools/validation/kernel_registers.py) at 13,824 atoms,
+  # reading per-pair weights and the table, both blocks.
+  profiled_before_after 105 100 75 "mp0-medium/216/fastmace-default"
+  timeout 230 python3 benchmarks/conv_kernels.py --atoms 13824 --launches-only \
+    --out "$OUT/registers" > "$OUT/registers.log" 2>&1
+  echo "register caps: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/registers.log" | cut -c1-120
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

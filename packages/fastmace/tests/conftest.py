@@ -308,7 +308,9 @@ class CompileForHopper:
         kinds = {torch.float64: "*fp64", torch.float32: "*fp32", torch.int64: "*i64",
                  torch.int32: "*i32"}  # fmt: skip
         # Launch options, as a launch takes them; the rest are the kernel's constexprs.
-        options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages") if k in constexprs}
+        options = {
+            k: constexprs.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in constexprs
+        }
         names = self.kernel.arg_names
         signature = {
             name: kinds[value.dtype] if isinstance(value, torch.Tensor) else "i64"
@@ -317,7 +319,10 @@ class CompileForHopper:
         signature.update(dict.fromkeys(constexprs, "constexpr"))
         source = ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs)
         target = GPUTarget("cuda", 90, 32)
-        assert "cubin" in triton.compile(source, target=target, options=options).asm
+        asm = triton.compile(source, target=target, options=options).asm
+        assert "cubin" in asm
+        if "maxnreg" in options:  # a register cap reaches ptxas as the kernel's .maxnreg
+            assert f".maxnreg {options['maxnreg']}" in asm["ptx"]
         self.compiled.append(self.kernel.__name__)
 
 

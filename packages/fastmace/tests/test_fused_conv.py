@@ -260,10 +260,13 @@ for name in ("tiny", "mp0-medium"):
     d1, d2, d3 = coupling["coefficients"].shape
     channels, paths = coupling["channels"], int(coupling["path_of"].max()) + 1
     key = conv_codegen.register(coupling["coefficients"], coupling["path_of"])
-    # (threads, edges per iteration), None for the module's default launch.
-    for threads, step in {launches!r}[name]:
-        threads = conv_triton.THREADS if threads is None else threads
-        step = conv_triton.STEP if step is None else step
+    # (threads, edges per iteration, registers per thread), None for the module's default.
+    for threads, step, registers in {launches!r}[name]:
+        launch = conv_triton.Launch(
+            conv_triton.THREADS if threads is None else threads,
+            conv_triton.STEP if step is None else step,
+            conv_triton.REGISTERS if registers is None else registers,
+        )
         for dtype in (torch.float64, torch.float32):
             # Plain rows with no padding atom; pair rows (E/2) with one, as a Potential has.
             for skip, halves in ((0, 1), (1, 2)):
@@ -280,12 +283,11 @@ for name in ("tiny", "mp0-medium"):
                 receiver_runs = conv_triton.runs(index[1], atoms)
                 want = [convolve_reference(x, y, w, t, paths_of, index, skip)]
                 got = [conv_triton.forward(key, x, y, w, t, index[0], receiver_runs, skip,
-                                           threads, step)]
+                                           launch)]
                 want += convolve_backward_reference(g, x, y, w, t, paths_of, index, skip)
                 got += conv_triton.backward(key, g, x, y, w, t, index, receiver_runs,
-                                            conv_triton.runs(index[0], atoms), skip, threads,
-                                            step)
-                case = f"{{name}} {{dtype}} {{threads}}x{{step}} skip={{skip}} rows=E/{{halves}}"
+                                            conv_triton.runs(index[0], atoms), skip, launch)
+                case = f"{{name}} {{dtype}} {{launch}} skip={{skip}} rows=E/{{halves}}"
                 report[case] = [
                     float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)
                 ]
@@ -308,13 +310,13 @@ for name in ("tiny", "mp0-medium"):
             want = [table_conv_reference(x, y, *inputs, paths_of, index, skip, *tail)]
             want += table_conv_backward_reference(g, x, y, *inputs, paths_of, index, skip, *tail)
             got = [conv_triton.forward_from_table(key, x, y, *inputs, index[0], receiver_runs,
-                                                  skip, threads, step, *tail)]
+                                                  skip, launch, *tail)]
             *grads, per_edge = conv_triton.backward_from_table(
                 key, g, x, y, *inputs, index, receiver_runs, conv_triton.runs(index[0], atoms),
-                skip, threads, step, *tail,
+                skip, launch, *tail,
             )
             got += [*grads, per_edge.view(2, -1).sum(0)]
-            report[f"{{name}} {{dtype}} {{threads}}x{{step}} table"] = [
+            report[f"{{name}} {{dtype}} {{launch}} table"] = [
                 float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)
             ]
 print(json.dumps(report))
@@ -324,12 +326,19 @@ print(json.dumps(report))
 COUPLED = ("tiny", "mp0-medium")  # each one's second block, whose coupling the child reads
 
 
-# Two launches per coupling. On the GPU: the default (one warp, MP-0 medium's 128 channels in
-# four tiles per atom) and all channels in one program taking four edges at a time, with a
-# tail. In the interpreter, which pays for every program, the tiles are the tiny coupling's:
-# 4 of its 8 channels per program (the same generated code for any tile width).
-GPU_LAUNCHES = {name: ((None, None), (128, 4)) for name in ("tiny", "mp0-medium")}
-INTERPRETER_LAUNCHES = {"tiny": ((4, 1), (128, 4)), "mp0-medium": ((128, 1), (128, 4))}
+# Launches per coupling, (threads, step, registers). On the GPU: the default (one warp, MP-0
+# medium's 128 channels in four tiles per atom), all channels in one program taking four edges
+# at a time, with a tail, and one warp within 64 registers a thread (MP-0 medium's second
+# block then spills to local memory). In the interpreter, which pays for every program, the
+# tiles are the tiny coupling's: 4 of its 8 channels per program (the same generated code for
+# any tile width; the interpreter has no registers).
+GPU_LAUNCHES = {
+    name: ((None, None, None), (128, 4, None), (32, 1, 64)) for name in ("tiny", "mp0-medium")
+}
+INTERPRETER_LAUNCHES = {
+    "tiny": ((4, 1, None), (128, 4, None)),
+    "mp0-medium": ((128, 1, None), (128, 4, None)),
+}
 
 
 def compare(
@@ -346,9 +355,9 @@ def compare(
     return python_report(code, env)
 
 
-def assert_kernels_agree(report: dict[str, list[float]]) -> None:
-    # 2 couplings x 2 launches x 2 dtypes x (2 kinds of rows + the table)
-    assert len(report) == 24
+def assert_kernels_agree(report: dict[str, list[float]], launches: dict[str, tuple]) -> None:
+    # Per coupling and launch, 2 dtypes x (2 kinds of rows + the table).
+    assert len(report) == 6 * sum(len(each) for each in launches.values())
     for case, errors in report.items():
         rounding = 1e-5 if "float32" in case else 1e-13  # summation order
         assert len(errors) == 4 and all(error <= rounding for error in errors), (case, errors)
@@ -356,7 +365,9 @@ def assert_kernels_agree(report: dict[str, list[float]]) -> None:
 
 def test_the_kernels_match_the_torch_formulas_in_the_interpreter(clean_env, tmp_path):
     interpreted = {**clean_env, "TRITON_INTERPRET": "1"}
-    assert_kernels_agree(compare(interpreted, "cpu", tmp_path, INTERPRETER_LAUNCHES))
+    assert_kernels_agree(
+        compare(interpreted, "cpu", tmp_path, INTERPRETER_LAUNCHES), INTERPRETER_LAUNCHES
+    )
 
 
 def test_the_custom_ops_keep_their_fakes_promises():
@@ -397,11 +408,12 @@ def test_the_custom_ops_keep_their_fakes_promises():
     torch.library.opcheck(table_conv_backward, (grad, *plain, *paired[3:]))
 
 
-@pytest.mark.parametrize("step", [1, 4])
-def test_the_kernels_compile_for_hopper(monkeypatch, step):
+@pytest.mark.parametrize("launch", [{}, {"step": 4, "registers": 96}], ids=["default", "capped"])
+def test_the_kernels_compile_for_hopper(monkeypatch, launch):
     """Triton's whole pipeline down to an sm_90 cubin for MP-0 medium's second block: the
     kernels generated for its coupling (float32, coefficients in the code) and the others,
-    taking one edge and four edges per iteration."""
+    with the default launch, and taking four edges per iteration within 96 registers a
+    thread (ptxas's .maxnreg)."""
     from fastmace.dynamics import conv_codegen, kernel_sources
     from fastmace.dynamics import conv_triton as kernels
 
@@ -424,15 +436,14 @@ def test_the_kernels_compile_for_hopper(monkeypatch, step):
     t = coupling.coefficients.float()
     index = torch.zeros(2, edges, dtype=torch.int64)
     runs = kernels.runs(index[1], atoms)
+    chosen = kernels.Launch(**launch)
     try:
-        kernels.forward(key, x, y, w, t, index[0], runs, 1, step=step)
-        kernels.backward(
-            key, torch.zeros(atoms, d3, c), x, y, w, t, index, runs, runs, 1, step=step
-        )
+        kernels.forward(key, x, y, w, t, index[0], runs, 1, chosen)
+        kernels.backward(key, torch.zeros(atoms, d3, c), x, y, w, t, index, runs, runs, 1, chosen)
         # The table kernels with a table per pair of elements (the start rows' branch).
         lengths, table = torch.zeros(edges), torch.zeros(2 * 4, 4, p * c)
         table_inputs = (lengths, table, torch.tensor(1.0), t)
-        start, steps = torch.zeros(edges, dtype=torch.int64), {"step": step, "intervals": 4}
+        start, steps = torch.zeros(edges, dtype=torch.int64), {"launch": chosen, "intervals": 4}
         kernels.forward_from_table(key, x, y, *table_inputs, index[0], runs, 1, start=start,
                                    **steps)  # fmt: skip
         kernels.backward_from_table(key, torch.zeros(atoms, d3, c), x, y, *table_inputs, index,
@@ -469,7 +480,7 @@ def test_the_generated_kernels_hold_only_the_couplings_nonzero_entries():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_the_gpu_the_kernels_and_the_potential_agree(clean_env, tmp_path):
-    assert_kernels_agree(compare(clean_env, "cuda", tmp_path, GPU_LAUNCHES))
+    assert_kernels_agree(compare(clean_env, "cuda", tmp_path, GPU_LAUNCHES), GPU_LAUNCHES)
     model = cueq_model("mp0-medium", torch.float64, "cuda")
     structures = [copper_supercell(), triclinic_mixed(), cluster()]
     state = State.from_atoms(structures, device="cuda")

@@ -40,6 +40,7 @@ Triton's interpreter on the CPU (and compiled on a GPU).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -55,6 +56,12 @@ THREADS = 32
 # An atom's edges taken this many at a time by each iteration of the generated kernels (a
 # power of two). 4 helped only the first block (by 8-30 %) and cost the second 20-50 %, so 1.
 STEP = 1
+# Registers a thread of the generated kernels may hold (ptxas's .maxnreg), or None for as many
+# as ptxas likes. Unbounded, MP-0 medium's second-block backward from the radial table takes
+# 246 (ptxas -v for sm_90: tools/validation/kernel_registers.py), so an SM holds eight of
+# its one-warp programs, each a chain of dependent loads; within 128 it needs no spill and an
+# SM holds sixteen. Measured on the GPU by benchmarks/conv_kernels.py's launch cases.
+REGISTERS: int | None = None
 EDGES = 128  # edges per program of the zeroing kernel
 
 
@@ -100,20 +107,27 @@ def runs(index: torch.Tensor, atoms: int) -> tuple[torch.Tensor, torch.Tensor]:
     return order, torch.searchsorted(index[order], bounds)
 
 
-def _launch(
-    key: str, features: torch.Tensor, threads: int, step: int = STEP
-) -> tuple[ModuleType, int, dict]:
+@dataclass(frozen=True)
+class Launch:
+    """How the generated kernels are launched: ``threads`` channels per program at most (a
+    power of two from 32, one channel per thread), ``step`` of an atom's edges per iteration,
+    at most ``registers`` registers per thread (None: ptxas's choice)."""
+
+    threads: int = THREADS
+    step: int = STEP
+    registers: int | None = REGISTERS
+
+
+def _launch(key: str, features: torch.Tensor, launch: Launch) -> tuple[ModuleType, int, dict]:
     """The generated kernels for the features' dtype, the channel tiles per atom and the
-    launch's tile: all of an atom's channels in one program where they fit in ``threads`` (a
-    power of two from 32), one channel per thread, ``step`` edges per iteration."""
+    launch's options: all of an atom's channels in one program where they fit."""
     channels = features.shape[2]
-    width = min(threads, triton.next_power_of_2(channels))
+    width = min(launch.threads, triton.next_power_of_2(channels))
     module = conv_codegen.kernels(key, literal=features.dtype == torch.float32)
-    return (
-        module,
-        triton.cdiv(channels, width),
-        {"CHANNELS": width, "STEP": step, "num_warps": max(1, width // 32)},
-    )
+    options = {"CHANNELS": width, "STEP": launch.step, "num_warps": max(1, width // 32)}
+    if launch.registers is not None:
+        options["maxnreg"] = launch.registers
+    return module, triton.cdiv(channels, width), options
 
 
 def forward(
@@ -125,13 +139,12 @@ def forward(
     sender: torch.Tensor,
     receiver_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
-    threads: int = THREADS,
-    step: int = STEP,
+    launch: Launch = Launch(),
 ) -> torch.Tensor:
     """(N, D1, C) features -> (N, D3, C) messages summed over each atom's incoming edges,
     with the kernels of the coupling registered under ``key`` (``coefficients`` is its T)."""
     return _forward("_forward", (weights,), weights.shape[0], (), key, features, harmonics,
-                    coefficients, sender, receiver_runs, skip, threads, step)  # fmt: skip
+                    coefficients, sender, receiver_runs, skip, launch)  # fmt: skip
 
 
 def forward_from_table(
@@ -145,8 +158,7 @@ def forward_from_table(
     sender: torch.Tensor,
     receiver_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
-    threads: int = THREADS,
-    step: int = STEP,
+    launch: Launch = Launch(),
     start: torch.Tensor | None = None,
     intervals: int | None = None,
 ) -> torch.Tensor:
@@ -157,7 +169,7 @@ def forward_from_table(
     reads, extra = _table_reads(lengths, table, inverse_spacing, start, intervals)
     return _forward(
         "_forward_table", reads, lengths.shape[0], extra, key, features, harmonics,
-        coefficients, sender, receiver_runs, skip, threads, step,
+        coefficients, sender, receiver_runs, skip, launch,
     )  # fmt: skip
 
 
@@ -185,8 +197,7 @@ def _forward(
     sender: torch.Tensor,
     receiver_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
-    threads: int,
-    step: int,
+    launch: Launch,
 ) -> torch.Tensor:
     atoms, _, channels = features.shape
     out = torch.empty((atoms, coefficients.shape[2], channels), dtype=features.dtype,
@@ -194,7 +205,7 @@ def _forward(
     if skip:
         out[atoms - skip :].zero_()
     if atoms - skip > 0:
-        module, tiles, tile = _launch(key, features, threads, step)
+        module, tiles, tile = _launch(key, features, launch)
         order, starts = receiver_runs
         getattr(module, kernel)[(atoms - skip, tiles)](
             features, harmonics, *reads, coefficients, sender, order, starts, out, channels,
@@ -214,15 +225,14 @@ def backward(
     receiver_runs: tuple[torch.Tensor, torch.Tensor],
     sender_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
-    threads: int = THREADS,
-    step: int = STEP,
+    launch: Launch = Launch(),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dL/d(features) (N, D1, C), dL/d(harmonics) (E, D2), dL/dw per edge (E, P, C)."""
     edges, paths, channels = harmonics.shape[0], weights.shape[1], features.shape[2]
     grad_weights = torch.empty((edges, paths, channels), dtype=grad.dtype, device=grad.device)
     grad_features, grad_harmonics = _backward(
         "_backward", (weights,), weights.shape[0], (), grad_weights, key, grad, features,
-        harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip, threads, step,
+        harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip, launch,
     )  # fmt: skip
     return grad_features, grad_harmonics, grad_weights
 
@@ -240,8 +250,7 @@ def backward_from_table(
     receiver_runs: tuple[torch.Tensor, torch.Tensor],
     sender_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
-    threads: int = THREADS,
-    step: int = STEP,
+    launch: Launch = Launch(),
     start: torch.Tensor | None = None,
     intervals: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -249,12 +258,12 @@ def backward_from_table(
     weights' gradient meets the table's slope inside the kernel and is never written.
     ``start`` and ``intervals`` as for :func:`forward_from_table`."""
     edges = harmonics.shape[0]
-    _, tiles, _ = _launch(key, features, threads, step)
+    _, tiles, _ = _launch(key, features, launch)
     partial = torch.empty((edges, tiles), dtype=grad.dtype, device=grad.device)
     reads, extra = _table_reads(lengths, table, inverse_spacing, start, intervals)
     grad_features, grad_harmonics = _backward(
         "_backward_table", reads, lengths.shape[0], extra, partial, key, grad, features,
-        harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip, threads, step,
+        harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip, launch,
     )  # fmt: skip
     return grad_features, grad_harmonics, partial.sum(dim=1)
 
@@ -274,14 +283,13 @@ def _backward(
     receiver_runs: tuple[torch.Tensor, torch.Tensor],
     sender_runs: tuple[torch.Tensor, torch.Tensor],
     skip: int,
-    threads: int,
-    step: int,
+    launch: Launch,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernels of either backward; ``per_edge`` (E, ...) receives the radial gradient."""
     atoms, d1, channels = features.shape
     edges, d2 = harmonics.shape
     device, dtype = features.device, features.dtype
-    module, tiles, tile = _launch(key, features, threads, step)
+    module, tiles, tile = _launch(key, features, launch)
     partial_harmonics = torch.empty((edges, tiles, d2), dtype=dtype, device=device)
     shares = torch.empty((edges, d1, channels), dtype=dtype, device=device)
     grad_features = torch.empty_like(features)
