@@ -92,8 +92,10 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 94  # issue 30's kernel rows at 13,824 (H200)
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 95  # MH-1's pair tables inside the convolution
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 96  # the step's arithmetic fused: before/after
-#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 99  # stacked linear layers: before/after
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 99  # stacked layers: MH-1 216, MP-0 13,824
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 102 # 101 + the convolution's register caps
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 104 # stacked layers: forces, capture
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 105 # stacked layers: 216 before/after
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1397,13 +1399,12 @@ mp0-medium/216/fastmace-default-unfused" > "$OUT/fusion.log" 2>&1
   ;;
 99)
   # Issue 30: cuEquivariance's linear layers as one batched GEMM per shape of their matrices
-  # (dynamics/stacked_linear.py; stage 98 on an H200: 50 float32 GEMM launches, 0.283 of
-  # 0.922 ms per step at 216 atoms). The default path before (.baseline: e65a94b) and after,
-  # profiled, in two md_speed processes one after the other: MP-0 medium at 216 and 13,824
-  # atoms, MH-1 (512-wide linear layers) at 216. Make .baseline first and carry it:
+  # (dynamics/stacked_linear.py), the cases stage 105 left: MH-1 (512-wide linear layers) at
+  # 216 atoms and MP-0 medium at 13,824, default path before (.baseline: e65a94b) and after,
+  # profiled, in two md_speed processes one after the other (md_speed skips a case it
+  # predicts will not fit: each needs about 120 s here). Make .baseline first and carry it:
   #   mkdir -p .baseline && git archive e65a94b packages/fastmace/src benchmarks | tar -x -C .baseline
-  profiled_before_after 230 210 90 "mp0-medium/216/fastmace-default,\
-mh-1/216/fastmace-default,mp0-medium/13824/fastmace-default"
+  profiled_before_after 280 270 130 "mh-1/216/fastmace-default,mp0-medium/13824/fastmace-default"
   ;;
 100)
   # Stage 99 cut to what 8 device minutes hold: the default path at 216 atoms, MP-0 medium and
@@ -1425,6 +1426,20 @@ mh-1/216/fastmace-default,mp0-medium/13824/fastmace-default"
     --out "$OUT/registers" > "$OUT/registers.log" 2>&1
   echo "register caps: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/registers.log" | cut -c1-120
+  ;;
+104)
+  # Why stage 102's "after" (and 103, the same command with 135 s a case) timed no block: the
+  # stacked layers against cuEquivariance's, forces (eager and compiled), then a captured MD
+  # run block by block (redone? launched how? capture failure?). Run on an H100 on 2026-12-07
+  # at 399ab5b: every block of the stacked run went uncaptured (a host-to-device copy of the
+  # stacked layers' column indices, refused inside a capture; fixed since).
+  timeout 120 python3 tools/validation/stacked_check.py --atoms 216 2>&1 | grep -v -i warn
+  timeout 200 python3 tools/validation/stacked_md.py --atoms 216 --blocks 8 2>&1 | grep -v -i warn
+  ;;
+105)
+  # The stacked linear layers' before (.baseline: e65a94b) and after at 216 atoms, MP-0
+  # medium's default path, profiled (H100, 2026-12-07, with the fix: 0.996 and 0.845 ms).
+  profiled_before_after 135 125 105 "mp0-medium/216/fastmace-default"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -58,9 +58,9 @@ THREADS = 32
 STEP = 1
 # Registers a thread of the generated kernels may hold (ptxas's .maxnreg), or None for as many
 # as ptxas likes. Unbounded, MP-0 medium's second-block backward from the radial table takes
-# 246 (ptxas -v for sm_90: tools/validation/kernel_registers.py), so an SM holds eight of
-# its one-warp programs, each a chain of dependent loads; within 128 it needs no spill and an
-# SM holds sixteen. Measured on the GPU by benchmarks/conv_kernels.py's launch cases.
+# 246 (tools/validation/kernel_registers.py), so an SM holds eight of its one-warp programs;
+# yet no cap was faster on an H100 at 13,824 atoms (stage 102: 5.79 ms uncapped, 6.04 within
+# 128, slower still below where the kernels spill), so ptxas chooses.
 REGISTERS: int | None = None
 EDGES = 128  # edges per program of the zeroing kernel
 
