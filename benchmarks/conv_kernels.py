@@ -12,8 +12,9 @@ cuEquivariance, the mirrored edges and per-pair radial weights the engine gives 
 * the block's radial table and convolution together, from the pairs' lengths: the table then
   cuEquivariance's convolution, against FastMACE's convolution reading the table itself
   (dynamics/table_conv.py), with the difference of their messages;
-* FastMACE's kernels alone with other launches (registers per thread capped), reading
-  per-pair weights and reading the table (``--launches-only``: these alone);
+* FastMACE's kernels alone with other launches (registers per thread capped, the next
+  edges' indices loaded ahead), reading per-pair weights and reading the table
+  (``--launches-only``: these alone);
 * then the whole potential (energy and forces; radial tables as the default path has them)
   with either convolution, captured in a CUDA graph and replayed (ms per evaluation), and the
   forces' difference.
@@ -266,19 +267,22 @@ def table_cases(model_name: str, atoms: int, potential: Potential, index: int, i
     } for path, timing in timings.items()]  # fmt: skip
 
 
-# (channels per program, edges per iteration, registers per thread): the module's launch
-# first, then the same within fewer registers (ptxas fills what it is allowed;
-# tools/validation/kernel_registers.py lists what each cap spills). More channels or edges per
-# program lost to one warp and one edge on an H100 (stage 79) and are not timed again.
-LAUNCH_VARIANTS = ((32, 1, None), (32, 1, 128), (32, 1, 96), (32, 1, 80), (32, 1, 64))
+# (channels per program, edges per iteration, registers per thread, next indices ahead): the
+# module's launch first. Register caps below ptxas's choice lost on an H100 (stage 102) but for
+# the second block's forward, which 128 registers made faster: the overlap of each program's
+# loads is what is tried now, by loading each next edge's indices ahead (conv_codegen's
+# PREFETCH), with and without room for more registers.
+LAUNCH_VARIANTS = ((32, 1, None, False), (32, 1, None, True), (32, 1, 128, False),
+                   (32, 1, 128, True))  # fmt: skip
 
 
 def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: FusedConvolution,
                  table: torch.nn.Module, generator: torch.Generator) -> list[dict]:  # fmt: skip
     """FastMACE's forward and backward kernels called directly with other launches, reading
-    per-pair weights and reading the radial table: fewer registers per thread, so more one-warp
-    programs per SM, each walking its atom's edges as a chain of dependent loads
-    (docs/design/convolution.md). Each variant's results against the module's launch."""
+    per-pair weights and reading the radial table: each program walks its atom's edges as a
+    chain of dependent loads, and the launches change how much of it overlaps (registers per
+    thread, the next edges' indices loaded ahead; docs/design/convolution.md). Each variant's
+    results against the module's launch."""
     if DEVICE != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return []  # the kernels run on CUDA, or in Triton's interpreter (a smoke test)
     from fastmace.dynamics import conv_triton
@@ -301,8 +305,8 @@ def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: Fu
     found, cases = {}, []
     for source, (forward_kernel, backward_kernel) in calls.items():
         read = reads[source]
-        for threads, step, registers in LAUNCH_VARIANTS:
-            launch = conv_triton.Launch(threads, step, registers)
+        for threads, step, registers, prefetch in LAUNCH_VARIANTS:
+            launch = conv_triton.Launch(threads, step, registers, prefetch)
 
             def forward(launch=launch, kernel=forward_kernel, read=read) -> torch.Tensor:
                 return kernel(ours.key, features, harmonics, *read, ours.coefficients,
@@ -314,20 +318,22 @@ def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: Fu
                               launch)  # fmt: skip
 
             forward_times, backward_times = timed_ms(forward), timed_ms(backward)
-            found[source, threads, step, registers] = [forward(), *backward()]
+            found[source, threads, step, registers, prefetch] = [forward(), *backward()]
             cases.append({
                 "model": model_name, "atoms": atoms, "path": "convolution",
                 "variant": f"fastmace-{source}-threads{threads}-step{step}"
-                           f"-registers{registers or 'any'}-block{index}",
+                           f"-registers{registers or 'any'}{'-prefetch' * prefetch}"
+                           f"-block{index}",
                 "status": "ok",
                 "ms_per_step": forward_times["kernel_ms"] + backward_times["kernel_ms"],
                 "forward_ms": forward_times["kernel_ms"],
                 "backward_ms": backward_times["kernel_ms"],
                 "wall_ms": forward_times["wall_ms"] + backward_times["wall_ms"],
                 "reads": source, "threads": threads, "step": step, "registers": registers,
+                "prefetch": prefetch,
             })  # fmt: skip
     for case in cases:
-        key = case["reads"], case["threads"], case["step"], case["registers"]
+        key = case["reads"], case["threads"], case["step"], case["registers"], case["prefetch"]
         reference = found[(case["reads"], *LAUNCH_VARIANTS[0])]
         pairs = zip(found[key], reference, strict=True)
         case["vs_module_launch"] = max(relative(got, want.double()) for got, want in pairs)

@@ -3,10 +3,12 @@
 Each interaction block of a template (converted to cuEquivariance in float64 on the CPU, as
 the tests do) has its forward and backward kernels generated (dynamics/conv_codegen.py,
 float32), compiled by Triton for sm_90 at the default launch (one warp, one edge per
-iteration) under each register cap, and assembled by Triton's own ptxas with ``-v``; the
-lines it prints give registers per thread and spilled bytes:
+iteration; ``--prefetch``: loading the next edge's indices ahead) under each register cap,
+and assembled by Triton's own ptxas with ``-v``; the lines it prints give registers per
+thread and spilled bytes:
 
     python tools/validation/kernel_registers.py [--model mp0-medium] [--caps none,128,96,80,64]
+        [--prefetch]
 
 A one-warp program's registers decide how many of them an SM holds (65,536 registers, at most
 32 programs): 246 registers a thread, 8; 128, 16; 64, 32. ptxas fills what a cap allows, so
@@ -81,6 +83,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mp0-medium")
     parser.add_argument("--caps", default="none,128,96,80,64")
+    parser.add_argument("--prefetch", action="store_true", help="load next edges' indices ahead")
     args = parser.parse_args()
     caps = [None if text == "none" else int(text) for text in args.caps.split(",")]
     model = backends.convert(template(args.model, dtype=torch.float64), "cueq", "cpu")
@@ -93,7 +96,8 @@ def main() -> None:
         print(f"block {index}: D1 {d1}, D2 {d2}, D3 {d3}, {coupling.paths} paths")
         arguments = kernel_arguments(coupling.coefficients, coupling.paths, coupling.channels)
         for name, values in arguments.items():
-            constexprs = {"CHANNELS": conv_triton.THREADS, "STEP": conv_triton.STEP}
+            constexprs = {"CHANNELS": conv_triton.THREADS, "STEP": conv_triton.STEP,
+                          "PREFETCH": args.prefetch}  # fmt: skip
             if name.endswith("_table"):
                 constexprs["HAS_START"] = False
             found = [registers_and_spills(getattr(module, name), values, constexprs, cap)

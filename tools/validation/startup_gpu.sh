@@ -96,6 +96,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 102 # 101 + the convolution's register caps
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 104 # stacked layers: forces, capture
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 105 # stacked layers: 216 before/after
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 106 # convolution: indices loaded ahead
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1440,6 +1441,17 @@ mp0-medium/216/fastmace-default-unfused" > "$OUT/fusion.log" 2>&1
   # The stacked linear layers' before (.baseline: e65a94b) and after at 216 atoms, MP-0
   # medium's default path, profiled (H100, 2026-12-07, with the fix: 0.996 and 0.845 ms).
   profiled_before_after 135 125 105 "mp0-medium/216/fastmace-default"
+  ;;
+106)
+  # The convolution's kernels with each step loading the next edges' indices ahead
+  # (conv_codegen's PREFETCH), with and without room for 128 registers, at 13,824 and 1,728
+  # atoms, reading per-pair weights and the table; then the GPU tests of the kernels (their
+  # launches include prefetching ones) and of the stacked layers' capture.
+  timeout 300 python3 benchmarks/conv_kernels.py --atoms 13824,1728 --launches-only \
+    --out "$OUT/prefetch" > "$OUT/prefetch.log" 2>&1
+  echo "prefetch: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/prefetch.log" | cut -c1-130
+  gpu_tests 106 200 "$tests/test_fused_conv.py" "$tests/test_stacked_linear.py"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

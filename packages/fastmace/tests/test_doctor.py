@@ -191,6 +191,31 @@ def test_a_stale_inductor_header_lock_is_listed_with_its_removal_command(doctor_
     assert "fresh.lock" not in line and lock.exists()
 
 
+def test_stale_inductor_kernel_locks_are_listed_in_both_inductor_directories(doctor_env, tmp_path):
+    """Inductor's kernel compilations lock in ``<its cache dir>/locks``: FastMACE's runs use
+    ``<cache root>/inductor``, a torch without FastMACE its default directory. Soft-lock files
+    a killed process left in either (46 on the development machine stalled the test suite's
+    compilations ten minutes each) are listed; the fresh one and other files are not."""
+    doctor_env["TMPDIR"], doctor_env["LOGNAME"] = str(tmp_path), "someone"
+    old = time.time() - 7200
+    stale = []
+    for directory in (tmp_path / "fm-cache" / "inductor" / "locks",
+                      tmp_path / "torchinductor_someone" / "locks"):  # fmt: skip
+        directory.mkdir(parents=True)
+        lock = directory / "c3kbn6wq2vhxw.lock"
+        lock.write_text("")
+        os.utime(lock, (old, old))
+        stale.append(lock)
+        (directory / "fresh.lock").write_text("")
+    kept = tmp_path / "fm-cache" / "inductor" / "locks" / "notes.txt"
+    kept.write_text("")
+    os.utime(kept, (old, old))
+    line = lines_by_check(run_fastmace(["doctor"], doctor_env).stdout)["Inductor locks"]
+    assert line.startswith("[warn]") and "2 stale lock(s)" in line, line
+    assert all(str(lock) in line for lock in stale)
+    assert "fresh.lock" not in line and "notes.txt" not in line
+
+
 def test_model_files(tmp_path):
     models = tmp_path / "models"
     models.mkdir()

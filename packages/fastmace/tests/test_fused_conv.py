@@ -260,12 +260,13 @@ for name in ("tiny", "mp0-medium"):
     d1, d2, d3 = coupling["coefficients"].shape
     channels, paths = coupling["channels"], int(coupling["path_of"].max()) + 1
     key = conv_codegen.register(coupling["coefficients"], coupling["path_of"])
-    # (threads, edges per iteration, registers per thread), None for the module's default.
-    for threads, step, registers in {launches!r}[name]:
+    # (threads, edges per iteration, registers per thread, prefetch), None: the default.
+    for threads, step, registers, prefetch in {launches!r}[name]:
         launch = conv_triton.Launch(
             conv_triton.THREADS if threads is None else threads,
             conv_triton.STEP if step is None else step,
             conv_triton.REGISTERS if registers is None else registers,
+            conv_triton.PREFETCH if prefetch is None else prefetch,
         )
         for dtype in (torch.float64, torch.float32):
             # Plain rows with no padding atom; pair rows (E/2) with one, as a Potential has.
@@ -326,18 +327,21 @@ print(json.dumps(report))
 COUPLED = ("tiny", "mp0-medium")  # each one's second block, whose coupling the child reads
 
 
-# Launches per coupling, (threads, step, registers). On the GPU: the default (one warp, MP-0
-# medium's 128 channels in four tiles per atom), all channels in one program taking four edges
-# at a time, with a tail, and one warp within 64 registers a thread (MP-0 medium's second
-# block then spills to local memory). In the interpreter, which pays for every program, the
-# tiles are the tiny coupling's: 4 of its 8 channels per program (the same generated code for
-# any tile width; the interpreter has no registers).
+# Launches per coupling, (threads, step, registers, prefetch). On the GPU: the default (one
+# warp, MP-0 medium's 128 channels in four tiles per atom), all channels in one program taking
+# four edges at a time, with a tail and the next edges' indices loaded ahead, one warp
+# prefetching, and one warp within 64 registers a thread (MP-0 medium's second block then
+# spills to local memory). In the interpreter, which pays for every program, the tiles are the
+# tiny coupling's: 4 of its 8 channels per program (the same generated code for any tile
+# width; the interpreter has no registers).
 GPU_LAUNCHES = {
-    name: ((None, None, None), (128, 4, None), (32, 1, 64)) for name in ("tiny", "mp0-medium")
-}
+    name: ((None, None, None, None), (128, 4, None, True), (32, 1, None, True),
+           (32, 1, 64, False))
+    for name in ("tiny", "mp0-medium")
+}  # fmt: skip
 INTERPRETER_LAUNCHES = {
-    "tiny": ((4, 1, None), (128, 4, None)),
-    "mp0-medium": ((128, 1, None), (128, 4, None)),
+    "tiny": ((4, 1, None, False), (4, 1, None, True), (128, 4, None, True)),
+    "mp0-medium": ((128, 1, None, True), (128, 4, None, False)),
 }
 
 
@@ -408,12 +412,14 @@ def test_the_custom_ops_keep_their_fakes_promises():
     torch.library.opcheck(table_conv_backward, (grad, *plain, *paired[3:]))
 
 
-@pytest.mark.parametrize("launch", [{}, {"step": 4, "registers": 96}], ids=["default", "capped"])
+@pytest.mark.parametrize(
+    "launch", [{}, {"step": 4, "registers": 96, "prefetch": True}], ids=["default", "other"]
+)
 def test_the_kernels_compile_for_hopper(monkeypatch, launch):
     """Triton's whole pipeline down to an sm_90 cubin for MP-0 medium's second block: the
     kernels generated for its coupling (float32, coefficients in the code) and the others,
     with the default launch, and taking four edges per iteration within 96 registers a
-    thread (ptxas's .maxnreg)."""
+    thread (ptxas's .maxnreg), loading the next four edges' indices ahead."""
     from fastmace.dynamics import conv_codegen, kernel_sources
     from fastmace.dynamics import conv_triton as kernels
 

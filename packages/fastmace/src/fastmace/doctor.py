@@ -330,19 +330,35 @@ def check_file_locks(ctx: DoctorContext) -> str:
     )
 
 
+def inductor_lock_directories(environ: Mapping[str, str]) -> list[Path]:
+    """Where Inductor keeps its lock files: ``locks`` and ``precompiled_headers/locks`` of its
+    own default directory (shared by every torch of the user) and of the directory FastMACE's
+    compilations use (``TORCHINDUCTOR_CACHE_DIR``, or ``<cache root>/inductor``)."""
+    default = Path(environment.inductor_default_cache_dir())
+    used = (
+        environ.get("TORCHINDUCTOR_CACHE_DIR")
+        or locate_cache_root(environ=environ).path / "inductor"
+    )
+    found: list[Path] = []
+    for base in (default, Path(used)):
+        for directory in (base / "locks", base / "precompiled_headers" / "locks"):
+            if directory not in found:
+                found.append(directory)
+    return found
+
+
 def check_inductor_locks(ctx: DoctorContext) -> str:
-    """Leftover locks in Inductor's own precompiled-header directory (outside the cache root,
-    shared by every torch of the user): with soft locks each stalls a compilation there."""
-    locks = Path(environment.inductor_default_cache_dir()) / "precompiled_headers" / "locks"
-    stale = find_stale_locks([locks])
+    """Leftover lock files in Inductor's lock directories: with soft locks each one stalls
+    the compilation that wants it for ten minutes, then fails it."""
+    directories = inductor_lock_directories(ctx.environ)
+    stale = find_stale_locks(directories)
     if stale:
         raise CheckFailed(
-            f"{len(stale)} stale lock(s) in Inductor's precompiled-header directory, older "
-            "than an hour and held by no process: with soft locks a torch.compile that "
-            "precompiles headers (FastMACE's do not) waits ten minutes on one and fails "
-            f"(docs/faq.md); remove them with: {removal_command(stale)}"
+            f"{len(stale)} stale lock(s) in Inductor's lock directories, older than an hour "
+            "and held by no process: with soft locks a torch.compile that needs one waits ten "
+            f"minutes and fails (docs/faq.md); remove them with: {removal_command(stale)}"
         )
-    return f"no stale lock in {locks}"
+    return "no stale lock in " + ", ".join(str(directory) for directory in directories)
 
 
 def check_model_files(ctx: DoctorContext) -> str:

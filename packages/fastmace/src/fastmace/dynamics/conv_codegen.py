@@ -120,22 +120,50 @@ class _Writer:
     def used_paths(self) -> list[int]:
         return sorted({self.path_of[k] for k in self.outputs})
 
+    @staticmethod
+    def indices(table: bool, at: str, mask: str, suffix: str, pad: str) -> list[str]:
+        """Loads of the edges at positions ``at`` (lanes in ``mask``) of the atom's run: each
+        one's slot, its sender and (from a table) its length, named with ``suffix``."""
+        found = [
+            f"{pad}edge{suffix} = tl.load(order + {at}, mask={mask}, other=0).to(tl.int64)",
+            f"{pad}source{suffix} = tl.load(sender + edge{suffix}, mask={mask}, "
+            "other=0).to(tl.int64)",
+        ]
+        if table:
+            found.append(
+                f"{pad}length{suffix} = tl.load(lengths + edge{suffix} % weight_rows, "
+                f"mask={mask}, other=0.0)"
+            )
+        return found
+
     def edge(self, table: bool, slopes: bool = False) -> list[str]:
         """The loop over the atom's incoming edges, STEP at a time, and per step its inputs
         and the m_ik: per-edge values are (STEP,) vectors, per-edge-and-channel ones (STEP,
         CHANNELS) tiles, and lanes past the atom's last edge are masked (their loads give
         zeros). ``table``: the weights (and with ``slopes`` their h dw/dr) interpolated from
-        the radial table at the edge's length, as radial_table._evaluate does."""
+        the radial table at the edge's length, as radial_table._evaluate does. With the
+        kernel's ``PREFETCH``, each step's slots, senders and lengths were loaded by the step
+        before (values carried by the loop), so its own loads wait on one level of memory
+        instead of three (slot, then sender and length, then features and table rows)."""
         indent = " " * 12
+        carried = ["edge", "source", *(["length"] if table else [])]
         lines = [
             "    lane = tl.arange(0, STEP)",
+            "    begin = tl.load(starts + atom)",
             "    end = tl.load(starts + atom + 1)",
-            "    for first in range(tl.load(starts + atom), end, STEP):",
+            "    if PREFETCH:  # the first step's indices before the loop",
+            "        ahead = begin + lane",
+            *self.indices(table, "ahead", "ahead < end", "_ahead", " " * 8),
+            "    for first in range(begin, end, STEP):",
             "        pos = first + lane",
             "        live = pos < end",
             "        both = live[:, None] & ok[None, :]",
-            "        edge = tl.load(order + pos, mask=live, other=0).to(tl.int64)",
-            "        source = tl.load(sender + edge, mask=live, other=0).to(tl.int64)",
+            "        if PREFETCH:  # this step's came with the last; the next step's load now",
+            *[f"            {name} = {name}_ahead" for name in carried],
+            "            ahead = pos + STEP",
+            *self.indices(table, "ahead", "ahead < end", "_ahead", indent),
+            "        else:",
+            *self.indices(table, "pos", "live", "", indent),
             *[
                 f"        y{j} = tl.load(harmonics + edge * {self.d2} + {j}, mask=live, other=0.0)"
                 for j in self.harmonics
@@ -156,8 +184,7 @@ class _Writer:
         else:
             width = f"{self.paths} * channels"
             lines += [
-                "        x = tl.load(lengths + edge % weight_rows, mask=live, other=0.0) "
-                "* inverse_spacing",
+                "        x = length * inverse_spacing",
                 "        inside = (x < intervals)[:, None]",
                 "        k = tl.minimum(tl.maximum(tl.floor(x), 0.0), last)",
                 "        t = tl.minimum(tl.maximum(x - k, 0.0), 1.0)[:, None]",
@@ -231,7 +258,8 @@ def _forward(write: _Writer, table: bool) -> list[str]:
     return [
         "@triton.jit",
         f"def {name}(features, harmonics, {reads}, coefficients, sender, order, starts, out,",
-        f"        channels, weight_rows{extra}, CHANNELS: tl.constexpr, STEP: tl.constexpr):",
+        f"        channels, weight_rows{extra}, CHANNELS: tl.constexpr, STEP: tl.constexpr,",
+        "        PREFETCH: tl.constexpr):",
         *write.prologue(),
         *(_TABLE_PROLOGUE if table else []),
         *[f"    o{k} = {_zeros('CHANNELS', 'out')}" for k in write.outputs],
@@ -260,7 +288,7 @@ def _backward(write: _Writer, table: bool) -> list[str]:
         "@triton.jit",
         f"def {name}(grad, features, harmonics, {reads}, coefficients, sender, order, starts,",
         f"        {gradient}, grad_harmonics, shares, channels, weight_rows{extra},",
-        "        CHANNELS: tl.constexpr, STEP: tl.constexpr):",
+        "        CHANNELS: tl.constexpr, STEP: tl.constexpr, PREFETCH: tl.constexpr):",
         *write.prologue(),
         *(_TABLE_PROLOGUE if table else []),
         "    tile = tl.program_id(1)",

@@ -62,6 +62,11 @@ STEP = 1
 # yet no cap was faster on an H100 at 13,824 atoms (stage 102: 5.79 ms uncapped, 6.04 within
 # 128, slower still below where the kernels spill), so ptxas chooses.
 REGISTERS: int | None = None
+# Whether each step of the generated kernels loads the next step's edge slots, senders and
+# lengths (conv_codegen's PREFETCH). Off until the GPU says it pays; stage 102 suggests a
+# program's own overlap of loads is what counts (the second block's forward ran 17 % faster
+# where ptxas was given room for more registers).
+PREFETCH = False
 EDGES = 128  # edges per program of the zeroing kernel
 
 
@@ -111,11 +116,13 @@ def runs(index: torch.Tensor, atoms: int) -> tuple[torch.Tensor, torch.Tensor]:
 class Launch:
     """How the generated kernels are launched: ``threads`` channels per program at most (a
     power of two from 32, one channel per thread), ``step`` of an atom's edges per iteration,
-    at most ``registers`` registers per thread (None: ptxas's choice)."""
+    at most ``registers`` registers per thread (None: ptxas's choice), and with ``prefetch``
+    each step loading the next one's edge indices."""
 
     threads: int = THREADS
     step: int = STEP
     registers: int | None = REGISTERS
+    prefetch: bool = PREFETCH
 
 
 def _launch(key: str, features: torch.Tensor, launch: Launch) -> tuple[ModuleType, int, dict]:
@@ -124,7 +131,8 @@ def _launch(key: str, features: torch.Tensor, launch: Launch) -> tuple[ModuleTyp
     channels = features.shape[2]
     width = min(launch.threads, triton.next_power_of_2(channels))
     module = conv_codegen.kernels(key, literal=features.dtype == torch.float32)
-    options = {"CHANNELS": width, "STEP": launch.step, "num_warps": max(1, width // 32)}
+    options = {"CHANNELS": width, "STEP": launch.step, "PREFETCH": launch.prefetch,
+               "num_warps": max(1, width // 32)}  # fmt: skip
     if launch.registers is not None:
         options["maxnreg"] = launch.registers
     return module, triton.cdiv(channels, width), options
