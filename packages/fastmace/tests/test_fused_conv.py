@@ -340,7 +340,7 @@ GPU_LAUNCHES = {
     for name in ("tiny", "mp0-medium")
 }  # fmt: skip
 INTERPRETER_LAUNCHES = {
-    "tiny": ((4, 1, None, False), (4, 1, None, True), (128, 4, None, True)),
+    "tiny": ((4, 1, None, False), (128, 4, None, True)),
     "mp0-medium": ((128, 1, None, True), (128, 4, None, False)),
 }
 
