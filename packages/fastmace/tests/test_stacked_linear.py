@@ -98,7 +98,8 @@ def test_a_stacked_layer_runs_fewer_gemms_than_cuequivariances():
     """The point of stacking: forward and backward of each replaced layer of the tiny
     template in one GEMM per shape each way, where cuEquivariance's module runs one per path."""
     model = cueq_template("tiny")
-    stacked, names = stacked_model(model)
+    stacked, names, refused = stacked_model(model)
+    assert refused == {}
     # The layers with more than one path: the blocks' linear maps after the convolution, the
     # second block's linear_up and the first product's linear (scalars and vectors).
     assert names == [
@@ -136,6 +137,28 @@ def test_a_layer_that_is_not_its_stacked_map_is_refused():
 
     with pytest.raises(LinearReadError, match=r"interactions\.1\.linear: the stacked map differs"):
         stacked_linear._check(StackedLinear(wrong), module, "interactions.1.linear")
+
+
+def test_a_layer_whose_stacked_map_fails_its_check_is_kept_and_the_reason_recorded(monkeypatch):
+    """One layer read wrongly (its matrices doubled) is left as cuEquivariance's, with what
+    differed, and the others are still stacked: the run keeps going on the layer's own GEMMs."""
+    from fastmace.dynamics import stacked_linear
+
+    model = cueq_template("tiny")
+    read = stacked_linear.read_linear
+
+    def misread(module: torch.nn.Module) -> IrrepsLinear:
+        linear = read(module)
+        if module is dict(model.named_modules())["interactions.1.linear"]:
+            doubled = [2.0 * linear.matrix(irrep) for irrep in linear.irreps]
+            return IrrepsLinear(linear.inputs, linear.outputs, linear.layout, doubled)
+        return linear
+
+    monkeypatch.setattr(stacked_linear, "read_linear", misread)
+    stacked, names, refused = stacked_model(model)
+    assert list(refused) == ["interactions.1.linear"] and len(names) == 3
+    assert "the stacked map differs from the layer by" in refused["interactions.1.linear"]
+    assert is_equivariant_linear(dict(stacked.named_modules())["interactions.1.linear"])
 
 
 def test_a_compiled_cueq_potential_stacks_its_linear_layers_within_float32_rounding():

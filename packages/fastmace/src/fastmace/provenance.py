@@ -301,6 +301,7 @@ def engine_record(run: RunRecord) -> dict[str, Any]:
         "matmul_precision": run.potential.matmul_precision,
         "bf16_layers": list(run.potential.bf16_layers),
         "stacked_layers": list(run.potential.stacked_layers),
+        "stacked_refused": dict(run.potential.stacked_refused),
         "edge_chunking": edge_chunking_record(run.potential),
         "skin_A": neighbours.skin,
         "headroom": neighbours.headroom,
@@ -478,6 +479,9 @@ def run_report(run: RunRecord, result: MDResult) -> str:
         graphs += f", {len(run.potential.bf16_layers)} linear layers in BF16"
     if run.potential.stacked_layers:
         graphs += f", {len(run.potential.stacked_layers)} linear layers as batched GEMMs"
+    if run.potential.stacked_refused:
+        graphs += f" ({len(run.potential.stacked_refused)} kept: their stacked maps failed "
+        graphs += "the check, see metadata.json)"
     if run.potential.chunked_calls:
         rows = run.potential.edge_chunk_rows
         graphs += f", edges worked through in chunks of {rows} rows (uncompiled)"

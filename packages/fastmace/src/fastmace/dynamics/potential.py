@@ -198,7 +198,8 @@ class Potential(torch.nn.Module):
             stacked_linear.py: the same products in another order, fewer launches; each
             layer checked when replaced); not with ``matmul_precision="bf16"``, whose layers
             are BF16's. None (default): with ``compile``, as the path the planner compiles
-            is launch-bound at small sizes. ``stacked_layers`` lists the layers replaced.
+            is launch-bound at small sizes. ``stacked_layers`` lists the layers replaced,
+            ``stacked_refused`` those kept because their stacked map failed its check (why).
 
     ``first_compiled_call_s`` holds the seconds of the first compiled call (its compilation
     included) once it has run: what the next plan for this model expects compilation to cost.
@@ -238,6 +239,7 @@ class Potential(torch.nn.Module):
         self.bf16_layers: list[str] = []  # the layers whose GEMMs run in BF16
         # cuEquivariance linear layers run as batched GEMMs (dynamics/stacked_linear.py)
         self.stacked_layers: list[str] = []
+        self.stacked_refused: dict[str, str] = {}  # layers whose stacked map failed its check
         self.model_species = tuple(int(z) for z in model.atomic_numbers)
         self.species = _species_tuple(species)
         self.check_species(self.species)
@@ -308,9 +310,9 @@ class Potential(torch.nn.Module):
             elif compile if stack_linears is None else stack_linears:
                 # cuEquivariance's linear layers as one batched GEMM per shape of their
                 # matrices: the same products in fewer launches (dynamics/stacked_linear.py).
-                self.model, self.stacked_layers = stacked_model(self.model)
+                self.model, self.stacked_layers, self.stacked_refused = stacked_model(self.model)
                 if self.fused_convolution_used or self.product_basis_used:
-                    without_own_kernels, _ = stacked_model(without_own_kernels)
+                    without_own_kernels, _, _ = stacked_model(without_own_kernels)
             if self.fused_convolution_used or self.product_basis_used:
                 # Checked once more on the run's first state (forward), against this.
                 self._unchecked_against = without_own_kernels

@@ -128,12 +128,15 @@ def paths(linear: IrrepsLinear) -> int:
     return count
 
 
-def stacked_model(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
+def stacked_model(
+    model: torch.nn.Module,
+) -> tuple[torch.nn.Module, list[str], dict[str, str]]:
     """A copy of ``model`` (weights shared, the model untouched) whose cuEquivariance linear
-    layers with more paths than shapes run as :class:`StackedLinear`, and their names. Each
-    replacement is checked against its layer on random features (LinearReadError if it
-    differs beyond rounding)."""
+    layers with more paths than shapes run as :class:`StackedLinear`, their names, and the
+    layers left as they were because their replacement differed from them on random features
+    beyond rounding (name: what differed). The run then keeps those layers' GEMMs."""
     replacements: dict[str, torch.nn.Module] = {}
+    refused: dict[str, str] = {}
     for name, module in model.named_modules():
         kind = type(module)
         if f"{kind.__module__}.{kind.__name__}" != CUEQ_LINEAR or not is_equivariant_linear(module):
@@ -145,11 +148,15 @@ def stacked_model(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
         stacked = StackedLinear(linear)
         if stacked.groups >= paths(linear):
             continue  # no launches to save
-        _check(stacked, module, name)
+        try:
+            _check(stacked, module, name)
+        except LinearReadError as error:  # cannot happen for a map read right: kept, recorded
+            refused[name] = str(error)
+            continue
         replacements[name] = stacked
     if not replacements:
-        return model, []
-    return with_replaced(model, replacements), list(replacements)
+        return model, [], refused
+    return with_replaced(model, replacements), list(replacements), refused
 
 
 def _check(stacked: StackedLinear, module: torch.nn.Module, name: str) -> None:
