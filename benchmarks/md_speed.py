@@ -733,6 +733,9 @@ class Bench:
                 excluded.add(index)
         steady = [b for i, b in enumerate(blocks) if i not in excluded]
         if not steady:
+            failure = simulation.engine.capture_failure
+            if failure:  # every block then launches eagerly, and none counts as steady
+                raise RuntimeError(f"no captured block to time: {failure}")
             raise RuntimeError("no steady block left to time (neighbour-list regrowths)")
         steady_steps = sum(s for s, _, _ in steady)
         steady_s = sum(t for _, t, _ in steady)
@@ -778,6 +781,7 @@ class Bench:
             "fused_step": simulation.engine.fuse,
             "fused_step_failures": fusion_failures(),
             "fused_convolution_failure": simulation.potential.fused_convolution_failure,
+            "capture_failure": simulation.engine.capture_failure,
             # cuEquivariance linear layers run as batched GEMMs (dynamics/stacked_linear.py).
             "stacked_layers": len(getattr(simulation.potential, "stacked_layers", ())),
             "edge_capacity": simulation.neighbours.capacity,
