@@ -153,10 +153,15 @@ class IrrepsLinear(torch.nn.Module):
         )
 
 
+def class_name(module: torch.nn.Module) -> str:
+    """The module's class by full name, compared so that neither library is imported here."""
+    kind = type(module)
+    return f"{kind.__module__}.{kind.__name__}"
+
+
 def is_equivariant_linear(module: torch.nn.Module) -> bool:
     """cuEquivariance's ``Linear`` with its own shared weights, or e3nn's ``o3.Linear``."""
-    kind = type(module)
-    name = f"{kind.__module__}.{kind.__name__}"
+    name = class_name(module)
     if name == CUEQ_LINEAR:
         return bool(module.internal_weights) and int(module.weight_classes) == 1
     if name == "e3nn.o3._linear.Linear":

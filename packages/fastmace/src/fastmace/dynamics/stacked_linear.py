@@ -24,6 +24,7 @@ from fastmace.dynamics.irreps_linear import (
     IrrepsLinear,
     LinearReadError,
     Segment,
+    class_name,
     is_equivariant_linear,
     read_linear,
 )
@@ -48,10 +49,8 @@ class StackedLinear(torch.nn.Module):
         inputs = _columns_by_type(linear.inputs, linear.layout)
         outputs = _columns_by_type(linear.outputs, linear.layout)
         shapes: dict[tuple[int, int], list[str]] = {}
-        device = torch.device("cpu")
         for irrep in linear.irreps:
             matrix = linear.matrix(irrep)
-            device = matrix.device
             if matrix.shape[0] > 0:
                 shapes.setdefault(tuple(matrix.shape), []).append(irrep)
         self.groups = len(shapes)
@@ -80,7 +79,7 @@ class StackedLinear(torch.nn.Module):
         self.register_buffer("output_columns", None if identity else position)
         # The column indices were made on the CPU: on the weights' device a call copies
         # nothing from the host (which a CUDA graph's capture refuses).
-        self.to(device)
+        self.to(linear.matrix(linear.irreps[0]).device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         nodes = x.shape[0]
@@ -138,8 +137,7 @@ def stacked_model(
     replacements: dict[str, torch.nn.Module] = {}
     refused: dict[str, str] = {}
     for name, module in model.named_modules():
-        kind = type(module)
-        if f"{kind.__module__}.{kind.__name__}" != CUEQ_LINEAR or not is_equivariant_linear(module):
+        if class_name(module) != CUEQ_LINEAR or not is_equivariant_linear(module):
             continue
         try:
             linear = read_linear(module)
