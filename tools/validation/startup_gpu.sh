@@ -1452,6 +1452,20 @@ mp0-medium/216/fastmace-default-unfused" > "$OUT/fusion.log" 2>&1
   echo "prefetch: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/prefetch.log" | cut -c1-130
   gpu_tests 106 200 "$tests/test_fused_conv.py" "$tests/test_stacked_linear.py"
+  # Run on an H200 on 2026-12-07: prefetching helped only the second block reading per-pair
+  # weights (5.72 to 5.21 ms at 13,824 atoms) and cost the table's kernels, which the default
+  # path runs (5.65 to 6.18), so PREFETCH stays off. The GPU tests ran out of their 200 s.
+  ;;
+107)
+  # Stage 93's cuEquivariance rows for MP-0 medium (tables and compile, no own kernels), which
+  # its budget left out, then the GPU tests of the stacked layers and the convolution with
+  # more time (H200, 2026-12-07: 0.804, 2.93, 18.4 and 40.8 ms; the tests ran out of 200 s).
+  timeout 330 python3 benchmarks/md_speed.py --out "$OUT/cueq" --budget-s 320 \
+    --case-timeout-s 120 --only "mp0-medium/216/fastmace-cueq-table-compile,\
+mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/1728/fastmace-cueq-table-compile,\
+mp0-medium/32768/fastmace-cueq-table-compile" > "$OUT/cueq.log" 2>&1
+  echo "cueq: exit $?"; grep -E "ms/step|Error|error" "$OUT/cueq.log" | tail -8
+  gpu_tests 107 400 "$tests/test_stacked_linear.py" "$tests/test_fused_conv.py"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -63,9 +63,9 @@ STEP = 1
 # 128, slower still below where the kernels spill), so ptxas chooses.
 REGISTERS: int | None = None
 # Whether each step of the generated kernels loads the next step's edge slots, senders and
-# lengths (conv_codegen's PREFETCH). Off until the GPU says it pays; stage 102 suggests a
-# program's own overlap of loads is what counts (the second block's forward ran 17 % faster
-# where ptxas was given room for more registers).
+# lengths (conv_codegen's PREFETCH). Off: on an H200 (stage 106, 13,824 atoms) it took the
+# second block reading per-pair weights from 5.72 to 5.21 ms but the table's kernels, which the
+# default path runs, from 2.82 to 3.08 and 5.65 to 6.18 ms.
 PREFETCH = False
 EDGES = 128  # edges per program of the zeroing kernel
 
