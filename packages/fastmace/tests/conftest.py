@@ -5,6 +5,7 @@ for Hopper, and the model's mirrored edges."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -12,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,16 +150,46 @@ def one_interaction_copper(monkeypatch: pytest.MonkeyPatch) -> str:
 @functools.cache
 def cueq_template(name: str):
     """Template ``name`` (seed 0, float64) converted to cuEquivariance on the CPU, once per
-    process. cuEquivariance builds its CPU modules as FX graphs in pure Python: MP-0 medium's
-    conversion takes 45-60 s on one core, and test_fused_conv.py and test_edge_chunks.py both
-    use it, as test_product_basis.py and test_species_linear.py use MP-0 small's (SAME_WORKER
-    runs each pair in one process). The tests use it read-only."""
+    process. cuEquivariance builds its CPU modules as FX graphs in pure Python, and
+    test_fused_conv.py and test_edge_chunks.py both use MP-0 medium's, as test_product_basis.py
+    and test_species_linear.py use MP-0 small's (SAME_WORKER runs each pair in one process).
+    The tests use it read-only.
+
+    The graphs are built as cuEquivariance builds them where opt_einsum_fx is not installed:
+    in the order its descriptors give, without opt_einsum_fx's search for a cheaper order of
+    each contraction. The search is three quarters of a conversion on one core (MP-0 medium
+    40 s of 50; MH-1, under a profiler, 94 of 125). Without it the results differ only in
+    rounding, and an evaluation costs about a quarter more (MP-0 medium, three evaluations of
+    three structures: 12.3 s with the search, 15.4 s without)."""
     import torch
 
     from fastmace.models import backends
     from fastmace.models.templates import template
 
-    return backends.convert(template(name, seed=0, dtype=torch.float64), "cueq", "cpu")
+    model = template(name, seed=0, dtype=torch.float64)
+    with _contractions_in_given_order():
+        return backends.convert(model, "cueq", "cpu")
+
+
+@contextlib.contextmanager
+def _contractions_in_given_order() -> Iterator[None]:
+    """cuEquivariance's CPU graph builder with its einsum search off (cueq_template), for the
+    calls inside the block only; a cuEquivariance without that builder converts as usual."""
+    from cuequivariance_torch.primitives import segmented_polynomial_naive as naive
+
+    build = getattr(naive, "_tensor_product_fx", None)
+    if build is None:
+        yield
+        return
+
+    def in_given_order(*args: Any, **kwargs: Any) -> Any:
+        return build(*args, **{**kwargs, "optimize_einsums": False})
+
+    naive._tensor_product_fx = in_given_order
+    try:
+        yield
+    finally:
+        naive._tensor_product_fx = build
 
 
 # --- How CI's two workers share the files (noxfile's tests session: -n auto --dist loadfile) ---

@@ -17,6 +17,7 @@ from fastmace.dynamics.module_copy import weight_sharing_copy
 from fastmace.io import OutputSchedule
 from fastmace.models.load import load
 from fastmace.planner import EngineSettings
+from fastmace.provenance import simulation_metadata
 from fastmace.runtime import environment
 from fastmace.simulation import RunSettings, Simulation
 
@@ -86,6 +87,12 @@ def test_compiled_cueq_model_runs_the_same_dynamics(
     np.testing.assert_allclose(
         compiled.result.structures[0].positions, eager.result.structures[0].positions, atol=1e-10
     )
+    # Compiled, cuEquivariance's linear layers with more than one path run stacked
+    # (dynamics/stacked_linear.py; eager runs keep them), and the run's metadata says which.
+    assert compiled.potential.stacked_layers and not eager.potential.stacked_layers
+    engine = simulation_metadata(compiled.record(), "finished")["engine"]
+    assert engine["stacked_layers"] == compiled.potential.stacked_layers
+    assert engine["stacked_refused"] == {}
     # The caller's model still trains: its parameters were not switched off by compilation.
     assert all(p.requires_grad for p in model.module.parameters())
     # The package was built without precompiled headers: nothing was locked in Inductor's

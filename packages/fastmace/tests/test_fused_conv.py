@@ -331,17 +331,20 @@ COUPLED = ("tiny", "mp0-medium")  # each one's second block, whose coupling the 
 # warp, MP-0 medium's 128 channels in four tiles per atom), all channels in one program taking
 # four edges at a time, with a tail and the next edges' indices loaded ahead, one warp
 # prefetching, and one warp within 64 registers a thread (MP-0 medium's second block then
-# spills to local memory). In the interpreter, which pays for every program, the tiles are the
-# tiny coupling's: 4 of its 8 channels per program (the same generated code for any tile
-# width; the interpreter has no registers).
+# spills to local memory). The interpreter pays for every program and every loop step (one
+# launch of the tiny coupling in four-channel tiles, one edge a step: 38 s on one core), so
+# the launches there are chosen for what they cover at the least cost: the tiny coupling in
+# four-channel tiles taking four edges a step with the next ones prefetched, and in one tile
+# one edge a step; MP-0 medium's long coupling in one tile, four edges a step (the same
+# generated code for any tile width; the interpreter has no registers).
 GPU_LAUNCHES = {
     name: ((None, None, None, None), (128, 4, None, True), (32, 1, None, True),
            (32, 1, 64, False))
     for name in ("tiny", "mp0-medium")
 }  # fmt: skip
 INTERPRETER_LAUNCHES = {
-    "tiny": ((4, 1, None, False), (128, 4, None, True)),
-    "mp0-medium": ((128, 1, None, True), (128, 4, None, False)),
+    "tiny": ((4, 4, None, True), (8, 1, None, False)),
+    "mp0-medium": ((128, 4, None, False),),
 }
 
 
