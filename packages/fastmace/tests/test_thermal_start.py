@@ -74,13 +74,15 @@ def test_fm_md_doubles_only_its_own_draw_and_records_it(demo, tmp_path):
 
 @pytest.mark.slow
 def test_a_crystal_from_rest_reaches_its_temperature_in_a_short_default_run():
-    """Eight copies of a perfect copper crystal, 300 steps of 1 fs at 300 K with Langevin's
+    """Four copies of a perfect copper crystal, 300 steps of 1 fs at 300 K with Langevin's
     default friction: the second half's mean is within 12 % of the target (drawn at 300 K,
-    equipartition left about 225 K: measured 225 +- 7 K over 16 copies and 1,000 steps)."""
-    result = fm.md(crystal(), steps=300, temperature_K=300.0, replicas=8, thermo_every=10,
+    equipartition left about 225 K: measured 225 +- 7 K over 16 copies and 1,000 steps). One
+    copy's mean scatters by about 30 K, so four give the target within about 15 K (seed 5:
+    301 K; seed 6: 313 K), and a start without the doubling fails (seed 5: 179 K)."""
+    result = fm.md(crystal(), steps=300, temperature_K=300.0, replicas=4, thermo_every=10,
                    seed=5, device="cpu", progress=io.StringIO())  # fmt: skip
     means = np.array(result.mean_temperature_K)
-    assert len(means) == 8 and result.mean_from_step == 150
+    assert len(means) == 4 and result.mean_from_step == 150
     assert abs(means.mean() - 300.0) < 0.12 * 300.0, means
 
 
