@@ -97,6 +97,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 104 # stacked layers: forces, capture
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 105 # stacked layers: 216 before/after
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 106 # convolution: indices loaded ahead
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 108 # 1M atoms today; product basis (H200)
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 109 # convolution's rows; its GPU tests
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1466,6 +1468,24 @@ mp0-medium/13824/fastmace-cueq-table-compile,mp0-medium/1728/fastmace-cueq-table
 mp0-medium/32768/fastmace-cueq-table-compile" > "$OUT/cueq.log" 2>&1
   echo "cueq: exit $?"; grep -E "ms/step|Error|error" "$OUT/cueq.log" | tail -8
   gpu_tests 107 400 "$tests/test_stacked_linear.py" "$tests/test_fused_conv.py"
+  ;;
+108)
+  # Issue 31's million atoms with today's default path (stage 58, 2026-12-04: 74.2 s to the
+  # first block, 2.53 us an atom-step, before the structure check's cell list, FastMACE's
+  # convolution and the stacked layers), then issue 30's product-basis row at 13,824 atoms.
+  # H200 only: stage 58 peaked at 97.8 GiB.
+  timeout -k 20 270 python3 benchmarks/large_cells.py --atoms 1000000 \
+    --out "$OUT/million" 2>&1 | grep -E "^\{|Error" | cut -c1-1500
+  product_kernels 200 13824
+  ;;
+109)
+  # Issue 30's convolution row at 13,824 atoms (ours against cuEquivariance's, same inputs),
+  # then the GPU tests of the convolution and the stacked layers, which ran out of 200 s twice.
+  timeout 230 python3 benchmarks/conv_kernels.py --atoms 13824 --out "$OUT/conv" \
+    > "$OUT/conv_kernels.log" 2>&1
+  echo "convolution kernels: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log" | cut -c1-110
+  gpu_tests 109 340 "$tests/test_fused_conv.py" "$tests/test_stacked_linear.py"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
