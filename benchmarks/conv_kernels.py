@@ -267,13 +267,14 @@ def table_cases(model_name: str, atoms: int, potential: Potential, index: int, i
     } for path, timing in timings.items()]  # fmt: skip
 
 
-# (channels per program, edges per iteration, registers per thread, next indices ahead): the
-# module's launch first. Register caps below ptxas's choice lost on an H100 (stage 102) but for
-# the second block's forward, which 128 registers made faster: the overlap of each program's
-# loads is what is tried now, by loading each next edge's indices ahead (conv_codegen's
-# PREFETCH), with and without room for more registers.
-LAUNCH_VARIANTS = ((32, 1, None, False), (32, 1, None, True), (32, 1, 128, False),
-                   (32, 1, 128, True))  # fmt: skip
+# conv_triton.Launch's fields as (channels per program, edges per iteration, registers per
+# thread, next indices ahead, warps, copies in walk order): the module's launch first. Stage
+# 106 (H200) left prefetching and register caps off; what is tried now is each program's
+# chain of loads made shorter by reading senders, lengths and harmonics from copies gathered
+# in walk order (the gathers are timed with the kernels), and each thread taking two channels
+# (64 channels on one warp), which share the per-edge scalars m_ik that every thread computes.
+LAUNCH_VARIANTS = ((32, 1, None, False, None, False), (32, 1, None, False, None, True),
+                   (64, 1, None, False, 1, False), (64, 1, None, False, 1, True))  # fmt: skip
 
 
 def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: FusedConvolution,
@@ -305,8 +306,9 @@ def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: Fu
     found, cases = {}, []
     for source, (forward_kernel, backward_kernel) in calls.items():
         read = reads[source]
-        for threads, step, registers, prefetch in LAUNCH_VARIANTS:
-            launch = conv_triton.Launch(threads, step, registers, prefetch)
+        for variant in LAUNCH_VARIANTS:
+            launch = conv_triton.Launch(*variant)
+            threads, step, registers, prefetch, warps, walked = variant
 
             def forward(launch=launch, kernel=forward_kernel, read=read) -> torch.Tensor:
                 return kernel(ours.key, features, harmonics, *read, ours.coefficients,
@@ -318,11 +320,12 @@ def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: Fu
                               launch)  # fmt: skip
 
             forward_times, backward_times = timed_ms(forward), timed_ms(backward)
-            found[source, threads, step, registers, prefetch] = [forward(), *backward()]
+            found[source, variant] = [forward(), *backward()]
             cases.append({
                 "model": model_name, "atoms": atoms, "path": "convolution",
                 "variant": f"fastmace-{source}-threads{threads}-step{step}"
                            f"-registers{registers or 'any'}{'-prefetch' * prefetch}"
+                           f"{f'-warps{warps}' if warps else ''}{'-walked' * walked}"
                            f"-block{index}",
                 "status": "ok",
                 "ms_per_step": forward_times["kernel_ms"] + backward_times["kernel_ms"],
@@ -330,12 +333,11 @@ def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: Fu
                 "backward_ms": backward_times["kernel_ms"],
                 "wall_ms": forward_times["wall_ms"] + backward_times["wall_ms"],
                 "reads": source, "threads": threads, "step": step, "registers": registers,
-                "prefetch": prefetch,
+                "prefetch": prefetch, "warps": warps, "walked": walked, "launch": variant,
             })  # fmt: skip
     for case in cases:
-        key = case["reads"], case["threads"], case["step"], case["registers"], case["prefetch"]
-        reference = found[(case["reads"], *LAUNCH_VARIANTS[0])]
-        pairs = zip(found[key], reference, strict=True)
+        reference = found[case["reads"], LAUNCH_VARIANTS[0]]
+        pairs = zip(found[case["reads"], case.pop("launch")], reference, strict=True)
         case["vs_module_launch"] = max(relative(got, want.double()) for got, want in pairs)
     return cases
 

@@ -260,14 +260,13 @@ for name in ("tiny", "mp0-medium"):
     d1, d2, d3 = coupling["coefficients"].shape
     channels, paths = coupling["channels"], int(coupling["path_of"].max()) + 1
     key = conv_codegen.register(coupling["coefficients"], coupling["path_of"])
-    # (threads, edges per iteration, registers per thread, prefetch), None: the default.
-    for threads, step, registers, prefetch in {launches!r}[name]:
-        launch = conv_triton.Launch(
-            conv_triton.THREADS if threads is None else threads,
-            conv_triton.STEP if step is None else step,
-            conv_triton.REGISTERS if registers is None else registers,
-            conv_triton.PREFETCH if prefetch is None else prefetch,
-        )
+    # conv_triton.Launch's first fields in order, None: the default.
+    for values in {launches!r}[name]:
+        defaults = conv_triton.Launch()
+        launch = conv_triton.Launch(*[
+            getattr(defaults, field) if value is None else value
+            for field, value in zip(conv_triton.Launch.__dataclass_fields__, values)
+        ])
         for dtype in (torch.float64, torch.float32):
             # Plain rows with no padding atom; pair rows (E/2) with one, as a Potential has.
             for skip, halves in ((0, 1), (1, 2)):
@@ -327,24 +326,26 @@ print(json.dumps(report))
 COUPLED = ("tiny", "mp0-medium")  # each one's second block, whose coupling the child reads
 
 
-# Launches per coupling, (threads, step, registers, prefetch). On the GPU: the default (one
-# warp, MP-0 medium's 128 channels in four tiles per atom), all channels in one program taking
-# four edges at a time, with a tail and the next edges' indices loaded ahead, one warp
-# prefetching, and one warp within 64 registers a thread (MP-0 medium's second block then
-# spills to local memory). The interpreter pays for every program and every loop step (one
-# launch of the tiny coupling in four-channel tiles, one edge a step: 38 s on one core), so
-# the launches there are chosen for what they cover at the least cost: the tiny coupling in
-# four-channel tiles taking four edges a step with the next ones prefetched, and in one tile
-# one edge a step; MP-0 medium's long coupling in one tile, four edges a step (the same
-# generated code for any tile width; the interpreter has no registers).
+# Launches per coupling, conv_triton.Launch's fields (threads, step, registers, prefetch,
+# warps, walked). On the GPU: the default (one warp, MP-0 medium's 128 channels in four tiles
+# per atom), all channels in one program taking four edges at a time, with a tail and the next
+# edges' indices loaded ahead, one warp prefetching, one warp within 64 registers a thread
+# (MP-0 medium's second block then spills to local memory), and one warp of 64 channels (two
+# a thread) reading the edges' copies in walk order. The interpreter pays for every program
+# and every loop step (one launch of the tiny coupling in four-channel tiles, one edge a step:
+# 38 s on one core), so the launches there are chosen for what they cover at the least cost:
+# the tiny coupling in four-channel tiles taking four edges a step with the next ones
+# prefetched, and in one tile one edge a step; MP-0 medium's long coupling in one tile, four
+# edges a step, reading the copies in walk order (the same generated code for any tile width;
+# the interpreter has no registers or warps).
 GPU_LAUNCHES = {
     name: ((None, None, None, None), (128, 4, None, True), (32, 1, None, True),
-           (32, 1, 64, False))
+           (32, 1, 64, False), (64, 1, None, False, 1, True))
     for name in ("tiny", "mp0-medium")
 }  # fmt: skip
 INTERPRETER_LAUNCHES = {
     "tiny": ((4, 4, None, True), (8, 1, None, False)),
-    "mp0-medium": ((128, 4, None, False),),
+    "mp0-medium": ((128, 4, None, False, None, True),),
 }
 
 
@@ -416,7 +417,13 @@ def test_the_custom_ops_keep_their_fakes_promises():
 
 
 @pytest.mark.parametrize(
-    "launch", [{}, {"step": 4, "registers": 96, "prefetch": True}], ids=["default", "other"]
+    "launch",
+    [
+        {},
+        {"step": 4, "registers": 96, "prefetch": True},
+        {"threads": 64, "warps": 1, "walked": True},
+    ],
+    ids=["default", "other", "walked"],
 )
 def test_the_kernels_compile_for_hopper(monkeypatch, launch):
     """Triton's whole pipeline down to an sm_90 cubin for MP-0 medium's second block: the
