@@ -119,6 +119,20 @@ def test_inductor_default_counts_as_unset(tmp_path):
     assert values["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
 
 
+def test_doctor_looks_where_compilations_keep_their_files(tmp_path):
+    """The doctor's lock check and start-up cache check read the directory the compile caches
+    are configured to, Inductor's default counting as unset there too."""
+    from fastmace.doctor import inductor_lock_directories
+
+    for given in ({}, {"TORCHINDUCTOR_CACHE_DIR": ev.inductor_default_cache_dir()},
+                  {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine")}):  # fmt: skip
+        env = {"FASTMACE_CACHE": str(tmp_path / "root"), **given}
+        looked = ev.compiled_graphs_directory(tmp_path / "root", env)
+        configured = ev.configure_compile_caches(tmp_path / "root", dict(env))
+        assert str(looked) == configured["TORCHINDUCTOR_CACHE_DIR"]
+        assert looked / "locks" in inductor_lock_directories(env)
+
+
 def test_cueq_kernel_cache_in_the_cache_root_unless_the_user_chose(tmp_path):
     env: dict[str, str] = {}
     assert ev.configure_cueq_kernel_cache(tmp_path, env) == str(tmp_path / "cueq-nvrtc")

@@ -330,18 +330,12 @@ def check_file_locks(ctx: DoctorContext) -> str:
     )
 
 
-def compiled_graphs_directory(environ: Mapping[str, str], root: Path) -> Path:
-    """Where FastMACE's compilations keep Inductor's files: ``TORCHINDUCTOR_CACHE_DIR``, or
-    ``<cache root>/inductor``."""
-    return Path(environ.get(environment.TORCHINDUCTOR_CACHE_DIR.name) or root / "inductor")
-
-
 def inductor_lock_directories(environ: Mapping[str, str]) -> list[Path]:
     """Where Inductor keeps its lock files: ``locks`` and ``precompiled_headers/locks`` of its
     own default directory (shared by every torch of the user) and of the directory FastMACE's
     compilations use (``TORCHINDUCTOR_CACHE_DIR``, or ``<cache root>/inductor``)."""
     default = Path(environment.inductor_default_cache_dir())
-    used = compiled_graphs_directory(environ, locate_cache_root(environ=environ).path)
+    used = environment.compiled_graphs_directory(locate_cache_root(environ=environ).path, environ)
     found: list[Path] = []
     for base in (default, used):
         for directory in (base / "locks", base / "precompiled_headers" / "locks"):
@@ -418,7 +412,7 @@ def check_startup_cache(ctx: DoctorContext) -> str:
 
     root = locate_cache_root(environ=ctx.environ).path
     places = (
-        ("compiled graphs", compiled_graphs_directory(ctx.environ, root)),
+        ("compiled graphs", environment.compiled_graphs_directory(root, ctx.environ)),
         ("Triton kernels", ctx.environ.get("TRITON_CACHE_DIR") or root / "triton"),
         (
             "cuEquivariance kernels",

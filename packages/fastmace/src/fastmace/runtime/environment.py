@@ -334,6 +334,17 @@ def child_environment(
     return env
 
 
+def compiled_graphs_directory(cache_root: Path, environ: Mapping[str, str]) -> Path:
+    """Where FastMACE's compilations keep Inductor's files, as :func:`configure_compile_caches`
+    sets it: ``TORCHINDUCTOR_CACHE_DIR``, unless unset or Inductor's own default (which lies
+    in /tmp, wiped and not shared between the nodes of a cluster), else ``<cache root>/inductor``.
+    """
+    value = environ.get(TORCHINDUCTOR_CACHE_DIR.name)
+    if not value or value == inductor_default_cache_dir():
+        return cache_root / "inductor"
+    return Path(value)
+
+
 def configure_compile_caches(
     cache_root: Path, environ: MutableMapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -344,19 +355,17 @@ def configure_compile_caches(
     Returns the values in force afterwards.
     """
     env = os.environ if environ is None else environ
+    directory = str(compiled_graphs_directory(cache_root, env))
     if env.get(TORCHINDUCTOR_CACHE_DIR.name) == inductor_default_cache_dir():
         overwrite(
             TORCHINDUCTOR_CACHE_DIR.name,
-            str(cache_root / "inductor"),
+            directory,
             "the value was Inductor's own default, which counts as unset",
             env,
         )
     else:
         set_if_unset(
-            TORCHINDUCTOR_CACHE_DIR.name,
-            str(cache_root / "inductor"),
-            "compiled graphs live in the cache root",
-            env,
+            TORCHINDUCTOR_CACHE_DIR.name, directory, "compiled graphs live in the cache root", env
         )
     set_if_unset(
         TRITON_CACHE_DIR.name,
