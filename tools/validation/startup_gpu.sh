@@ -99,6 +99,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 106 # convolution: indices loaded ahead
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 108 # 1M atoms today; product basis (H200)
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 109 # convolution's rows; its GPU tests
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 110 # two channels a thread: 13,824 before/after
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1486,6 +1487,12 @@ mp0-medium/32768/fastmace-cueq-table-compile" > "$OUT/cueq.log" 2>&1
   echo "convolution kernels: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/conv_kernels.log" | cut -c1-110
   gpu_tests 109 340 "$tests/test_fused_conv.py" "$tests/test_stacked_linear.py"
+  ;;
+110)
+  # The convolution's programs of one warp taking 64 channels, two a thread (stage 109 on an
+  # H100: every kernel 5-10 % faster than one channel a thread), in the default path at
+  # 13,824 atoms: before (.baseline: the commit before) and after, profiled.
+  profiled_before_after 280 270 130 "mp0-medium/13824/fastmace-default"
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

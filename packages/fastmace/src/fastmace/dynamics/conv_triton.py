@@ -52,7 +52,11 @@ from fastmace.dynamics import conv_codegen
 # Channels per program, one per thread. One warp (32) won stage 79 on an H100 at 1,728 and
 # 13,824 atoms, 1.2-1.8x faster than four warps (128): its dL/dY sums over the channels need
 # no barrier between warps, and an atom's 128 channels become four programs in flight.
-THREADS = 32
+THREADS = 64
+# Warps per program (None: one channel per thread). One warp of 64 channels, two a thread,
+# sharing the per-edge scalars m_ik, beat one channel a thread in every kernel (stage 109,
+# H100, 13,824 atoms: the table's second block 5.88 to 5.54 ms, its first 2.87 to 2.60).
+WARPS: int | None = 1
 # An atom's edges taken this many at a time by each iteration of the generated kernels (a
 # power of two). 4 helped only the first block (by 8-30 %) and cost the second 20-50 %, so 1.
 STEP = 1
@@ -129,7 +133,7 @@ class Launch:
     step: int = STEP
     registers: int | None = REGISTERS
     prefetch: bool = PREFETCH
-    warps: int | None = None
+    warps: int | None = WARPS
     walked: bool = WALKED
 
     def __post_init__(self) -> None:
