@@ -269,12 +269,11 @@ def table_cases(model_name: str, atoms: int, potential: Potential, index: int, i
 
 # conv_triton.Launch's fields as (channels per program, edges per iteration, registers per
 # thread, next indices ahead, warps, copies in walk order): the module's launch first. Stage
-# 106 (H200) left prefetching and register caps off; what is tried now is each program's
-# chain of loads made shorter by reading senders, lengths and harmonics from copies gathered
-# in walk order (the gathers are timed with the kernels), and each thread taking two channels
-# (64 channels on one warp), which share the per-edge scalars m_ik that every thread computes.
-LAUNCH_VARIANTS = ((32, 1, None, False, None, False), (32, 1, None, False, None, True),
-                   (64, 1, None, False, 1, False), (64, 1, None, False, 1, True))  # fmt: skip
+# 109 (H100) made one warp of 64 channels (two a thread) the default, and left reading copies
+# in walk order off (slower in every kernel, its gathers included). Tried now: four channels a
+# thread, all 128 channels of an atom on two warps (two a thread), and two edges a step.
+LAUNCH_VARIANTS = ((64, 1, None, False, 1, False), (128, 1, None, False, 1, False),
+                   (128, 1, None, False, 2, False), (64, 2, None, False, 1, False))  # fmt: skip
 
 
 def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: FusedConvolution,

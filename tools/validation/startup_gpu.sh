@@ -100,6 +100,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 108 # 1M atoms today; product basis (H200)
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 109 # convolution's rows; its GPU tests
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 110 # two channels a thread: 13,824 before/after
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 111 # four channels a thread; two warps; two edges
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1493,6 +1494,14 @@ mp0-medium/32768/fastmace-cueq-table-compile" > "$OUT/cueq.log" 2>&1
   # H100: every kernel 5-10 % faster than one channel a thread), in the default path at
   # 13,824 atoms: before (.baseline: the commit before) and after, profiled.
   profiled_before_after 280 270 130 "mp0-medium/13824/fastmace-default"
+  ;;
+111)
+  # From stage 110's launch (one warp, 64 channels; H100: 14.4 to 13.5 ms a step at 13,824
+  # atoms): four channels a thread, an atom's 128 channels on two warps, two edges a step.
+  timeout 250 python3 benchmarks/conv_kernels.py --atoms 13824 --launches-only \
+    --out "$OUT/launches" > "$OUT/launches.log" 2>&1
+  echo "launches: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/launches.log" | cut -c1-130
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
