@@ -268,12 +268,14 @@ def table_cases(model_name: str, atoms: int, potential: Potential, index: int, i
 
 
 # conv_triton.Launch's fields as (channels per program, edges per iteration, registers per
-# thread, next indices ahead, warps, copies in walk order): the module's launch first. Stage
-# 109 (H100) made one warp of 64 channels (two a thread) the default, and left reading copies
-# in walk order off (slower in every kernel, its gathers included). Tried now: four channels a
-# thread, all 128 channels of an atom on two warps (two a thread), and two edges a step.
-LAUNCH_VARIANTS = ((64, 1, None, False, 1, False), (128, 1, None, False, 1, False),
-                   (128, 1, None, False, 2, False), (64, 2, None, False, 1, False))  # fmt: skip
+# thread, next indices ahead, warps, copies in walk order), None: conv_triton's rule; the
+# module's launch first. Stage 109 (H100) made one warp of 64 channels (two a thread) the
+# default and left copies in walk order off; stage 111 chose two edges a step for first blocks
+# and found four channels a thread and two warps slower. Tried now, on the two-channel
+# programs (ptxas gives MP-0 medium's second block 214-232 registers a thread, nine programs
+# an SM): room for 192 and 160 registers, and the next edges' indices loaded ahead.
+LAUNCH_VARIANTS = ((64, None, None, False, 1, False), (64, None, 192, False, 1, False),
+                   (64, None, 160, False, 1, False), (64, None, None, True, 1, False))  # fmt: skip
 
 
 def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: FusedConvolution,

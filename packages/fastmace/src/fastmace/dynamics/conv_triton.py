@@ -49,17 +49,21 @@ import triton.language as tl
 
 from fastmace.dynamics import conv_codegen
 
-# Channels per program, one per thread. One warp (32) won stage 79 on an H100 at 1,728 and
-# 13,824 atoms, 1.2-1.8x faster than four warps (128): its dL/dY sums over the channels need
-# no barrier between warps, and an atom's 128 channels become four programs in flight.
+# Channels per program. One warp won stage 79 on an H100 at 1,728 and 13,824 atoms, 1.2-1.8x
+# faster than four warps (128 channels, one a thread): its dL/dY sums over the channels need no
+# barrier between warps. One warp of 64 channels, two a thread, which share the per-edge
+# scalars m_ik every thread computes, then beat 32 in every kernel (stage 109, H100, 13,824
+# atoms: from the table the second block 5.88 to 5.54 ms, the first 2.87 to 2.60; the default
+# MD step 14.4 to 13.5 ms, stage 110); four a thread lost 50 % in the second block and two
+# warps of 64 lost 27 % (stage 111).
 THREADS = 64
-# Warps per program (None: one channel per thread). One warp of 64 channels, two a thread,
-# sharing the per-edge scalars m_ik, beat one channel a thread in every kernel (stage 109,
-# H100, 13,824 atoms: the table's second block 5.88 to 5.54 ms, its first 2.87 to 2.60).
+# Warps per program (None: one channel per thread).
 WARPS: int | None = 1
 # An atom's edges taken this many at a time by each iteration of the generated kernels (a
-# power of two). 4 helped only the first block (by 8-30 %) and cost the second 20-50 %, so 1.
-STEP = 1
+# power of two), or None: two where the senders' features have one component (a model's first
+# block, scalars in), else one. Stage 111 (H100, 13,824 atoms, 64 channels on one warp): two
+# edges a step took the first block from 2.61 to 2.33 ms and the second from 5.63 to 8.63.
+STEP: int | None = None
 # Registers a thread of the generated kernels may hold (ptxas's .maxnreg), or None for as many
 # as ptxas likes. Unbounded, MP-0 medium's second-block backward from the radial table takes
 # 246 (tools/validation/kernel_registers.py), so an SM holds eight of its one-warp programs;
@@ -125,12 +129,13 @@ class Launch:
     """How the generated kernels are launched: ``threads`` channels per program at most (a
     power of two from 32), on ``warps`` warps (None: one channel per thread; fewer warps give
     each thread several channels, which share its per-edge scalars), ``step`` of an atom's
-    edges per iteration, at most ``registers`` registers per thread (None: ptxas's choice),
-    with ``prefetch`` each step loading the next one's edge indices, and with ``walked`` the
-    edges' senders, lengths and harmonics read from copies in walk order."""
+    edges per iteration (None: :data:`STEP`'s rule), at most ``registers`` registers per
+    thread (None: ptxas's choice), with ``prefetch`` each step loading the next one's edge
+    indices, and with ``walked`` the edges' senders, lengths and harmonics read from copies
+    in walk order."""
 
     threads: int = THREADS
-    step: int = STEP
+    step: int | None = STEP
     registers: int | None = REGISTERS
     prefetch: bool = PREFETCH
     warps: int | None = WARPS
@@ -149,7 +154,8 @@ def _launch(key: str, features: torch.Tensor, launch: Launch) -> tuple[ModuleTyp
     width = min(launch.threads, triton.next_power_of_2(channels))
     module = conv_codegen.kernels(key, literal=features.dtype == torch.float32)
     warps = max(1, width // 32) if launch.warps is None else launch.warps
-    options = {"CHANNELS": width, "STEP": launch.step, "PREFETCH": launch.prefetch,
+    step = launch.step or (2 if features.shape[1] == 1 else 1)
+    options = {"CHANNELS": width, "STEP": step, "PREFETCH": launch.prefetch,
                "WALKED": launch.walked, "num_warps": warps}  # fmt: skip
     if launch.registers is not None:
         options["maxnreg"] = launch.registers
