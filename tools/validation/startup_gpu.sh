@@ -101,6 +101,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 109 # convolution's rows; its GPU tests
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 110 # two channels a thread: 13,824 before/after
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 111 # four channels a thread; two warps; two edges
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 112 # register room; where the convolution pays now
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1500,6 +1501,22 @@ mp0-medium/32768/fastmace-cueq-table-compile" > "$OUT/cueq.log" 2>&1
     --out "$OUT/launches" > "$OUT/launches.log" 2>&1
   echo "launches: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/launches.log" | cut -c1-130
+  ;;
+112)
+  # The two-channel programs with room for 192 and 160 registers and prefetching; then where
+  # FastMACE's convolution starts to pay with them (the planner takes it from 3,000 atoms,
+  # drawn when it was 0.87x cuEquivariance's at 1,728), and the default path at 13,824 with
+  # two edges a step in the first block.
+  timeout 200 python3 benchmarks/conv_kernels.py --atoms 13824 --launches-only \
+    --out "$OUT/launches" > "$OUT/launches.log" 2>&1
+  echo "launches: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/launches.log" | cut -c1-130
+  timeout 330 python3 benchmarks/md_speed.py --out "$OUT/crossover" --budget-s 320 \
+    --case-timeout-s 100 --only "mp0-medium/13824/fastmace-default,\
+mp0-medium/1728/fastmace-cueq-table-compile,mp0-medium/1728/fastmace-cueq-conv-table-compile,\
+mp0-medium/4096/fastmace-cueq-table-compile,mp0-medium/4096/fastmace-cueq-conv-table-compile" \
+    > "$OUT/crossover.log" 2>&1
+  echo "crossover: exit $?"; grep -E "ms/step|Error|error" "$OUT/crossover.log" | tail -8
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
