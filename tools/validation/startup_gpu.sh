@@ -1475,9 +1475,14 @@ mp0-medium/32768/fastmace-cueq-table-compile" > "$OUT/cueq.log" 2>&1
 108)
   # Issue 31's million atoms with today's default path (stage 58, 2026-12-04: 74.2 s to the
   # first block, 2.53 us an atom-step, before the structure check's cell list, FastMACE's
-  # convolution and the stacked layers). H200 only: stage 58 peaked at 97.8 GiB.
+  # convolution and the stacked layers). H200 only: stage 58 peaked at 97.8 GiB. Then stage
+  # 112's launches of the convolution, on the H200.
   timeout -k 20 300 python3 benchmarks/large_cells.py --atoms 1000000 \
     --out "$OUT/million" 2>&1 | grep -E "^\{|Error" | cut -c1-1500
+  timeout 150 python3 benchmarks/conv_kernels.py --atoms 13824 --launches-only \
+    --out "$OUT/launches" > "$OUT/launches.log" 2>&1
+  echo "launches: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/launches.log" | cut -c1-130
   ;;
 109)
   # Issue 30's convolution row at 13,824 atoms (ours against cuEquivariance's, same inputs),
