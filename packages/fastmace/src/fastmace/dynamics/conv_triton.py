@@ -149,9 +149,12 @@ class Launch:
 
 def _launch(key: str, features: torch.Tensor, launch: Launch) -> tuple[ModuleType, int, dict]:
     """The generated kernels for the features' dtype, the channel tiles per atom and the
-    launch's options: all of an atom's channels in one program where they fit."""
+    launch's options: all of an atom's channels in one program where they fit, else tiles
+    that divide them down to 32 (96 channels: three of 32, not two of 64 half idle)."""
     channels = features.shape[2]
     width = min(launch.threads, triton.next_power_of_2(channels))
+    while width > 32 and channels > width and channels % width:
+        width //= 2
     module = conv_codegen.kernels(key, literal=features.dtype == torch.float32)
     warps = max(1, width // 32) if launch.warps is None else launch.warps
     step = launch.step or (2 if features.shape[1] == 1 else 1)
