@@ -508,3 +508,31 @@ def test_on_the_gpu_the_kernels_and_the_potential_agree(clean_env, tmp_path):
     assert_matches_reference(
         model_of("mp0-medium", torch.float64), structures, on_host, State.from_atoms(structures)
     )
+
+
+@pytest.mark.parametrize(
+    ("components", "channels", "tiles", "width", "step"),
+    [
+        (1, 128, 2, 64, 2),
+        (4, 128, 2, 64, 1),
+        (4, 96, 3, 32, 1),
+        (4, 192, 3, 64, 1),
+        (1, 8, 1, 8, 2),
+    ],
+)
+def test_the_default_launch_tiles_the_channels_and_steps_by_block(
+    components, channels, tiles, width, step
+):
+    """One warp takes 64 channels (two a thread) where they divide the atom's channels, else
+    32 (96 channels: three programs, none half idle); two edges a step where the senders'
+    features have one component (a first block), else one."""
+    from fastmace.dynamics import conv_codegen
+    from fastmace.dynamics import conv_triton as kernels
+
+    coefficients = torch.zeros(components, 4, 2, dtype=torch.float64)
+    coefficients[0, 0, 0] = 1.0
+    key = conv_codegen.register(coefficients, torch.tensor([0, 1]))
+    features = torch.zeros(3, components, channels)
+    _, found_tiles, options = kernels._launch(key, features, kernels.Launch())
+    assert (found_tiles, options["CHANNELS"], options["STEP"]) == (tiles, width, step)
+    assert options["num_warps"] == 1 and not options["PREFETCH"] and not options["WALKED"]
