@@ -268,14 +268,14 @@ def table_cases(model_name: str, atoms: int, potential: Potential, index: int, i
 
 
 # conv_triton.Launch's fields as (channels per program, edges per iteration, registers per
-# thread, next indices ahead, warps, copies in walk order), None: conv_triton's rule; the
-# module's launch first. Stage 109 (H100) made one warp of 64 channels (two a thread) the
-# default and left copies in walk order off; stage 111 chose two edges a step for first blocks
-# and found four channels a thread and two warps slower. Tried now, on the two-channel
-# programs (ptxas gives MP-0 medium's second block 214-232 registers a thread, nine programs
-# an SM): room for 192 and 160 registers, and the next edges' indices loaded ahead.
-LAUNCH_VARIANTS = ((64, None, None, False, 1, False), (64, None, 192, False, 1, False),
-                   (64, None, 160, False, 1, False), (64, None, None, True, 1, False))  # fmt: skip
+# thread, next indices ahead, warps), None: conv_triton's rule; the module's launch first.
+# Stage 109 (H100) made one warp of 64 channels (two a thread) the default; stage 111 chose
+# two edges a step for first blocks and found four channels a thread and two warps slower.
+# Tried now, on the two-channel programs (ptxas gives MP-0 medium's second block 167-224
+# registers a thread, about nine programs an SM): room for 192 and 160 registers, and the
+# next edges' indices loaded ahead.
+LAUNCH_VARIANTS = ((64, None, None, False, 1), (64, None, 192, False, 1),
+                   (64, None, 160, False, 1), (64, None, None, True, 1))  # fmt: skip
 
 
 def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: FusedConvolution,
@@ -309,7 +309,7 @@ def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: Fu
         read = reads[source]
         for variant in LAUNCH_VARIANTS:
             launch = conv_triton.Launch(*variant)
-            threads, step, registers, prefetch, warps, walked = variant
+            threads, step, registers, prefetch, warps = variant
 
             def forward(launch=launch, kernel=forward_kernel, read=read) -> torch.Tensor:
                 return kernel(ours.key, features, harmonics, *read, ours.coefficients,
@@ -326,7 +326,7 @@ def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: Fu
                 "model": model_name, "atoms": atoms, "path": "convolution",
                 "variant": f"fastmace-{source}-threads{threads}-step{step}"
                            f"-registers{registers or 'any'}{'-prefetch' * prefetch}"
-                           f"{f'-warps{warps}' if warps else ''}{'-walked' * walked}"
+                           f"{f'-warps{warps}' if warps else ''}"
                            f"-block{index}",
                 "status": "ok",
                 "ms_per_step": forward_times["kernel_ms"] + backward_times["kernel_ms"],
@@ -334,7 +334,7 @@ def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: Fu
                 "backward_ms": backward_times["kernel_ms"],
                 "wall_ms": forward_times["wall_ms"] + backward_times["wall_ms"],
                 "reads": source, "threads": threads, "step": step, "registers": registers,
-                "prefetch": prefetch, "warps": warps, "walked": walked, "launch": variant,
+                "prefetch": prefetch, "warps": warps, "launch": variant,
             })  # fmt: skip
     for case in cases:
         reference = found[case["reads"], LAUNCH_VARIANTS[0]]

@@ -3,13 +3,13 @@
 Each interaction block of a template (converted to cuEquivariance in float64 on the CPU, as
 the tests do) has its forward and backward kernels generated (dynamics/conv_codegen.py,
 float32), compiled by Triton for sm_90 at the default launch (one warp, one edge per
-iteration; ``--prefetch``: loading the next edge's indices ahead; ``--walked``: reading the
-edges' copies in walk order; ``--channels 64``: two channels a thread) under each register cap,
+iteration; ``--prefetch``: loading the next edge's indices ahead; ``--channels 32``: one
+channel a thread, as before 2026-12-07's third session) under each register cap,
 and assembled by Triton's own ptxas with ``-v``; the lines it prints give registers per
 thread and spilled bytes:
 
     python tools/validation/kernel_registers.py [--model mp0-medium] [--caps none,128,96,80,64]
-        [--prefetch | --walked] [--channels 64]
+        [--prefetch] [--channels 32]
 
 A one-warp program's registers decide how many of them an SM holds (65,536 registers, at most
 32 programs): 246 registers a thread, 8; 128, 16; 64, 32. ptxas fills what a cap allows, so
@@ -47,7 +47,7 @@ def kernel_arguments(coefficients: torch.Tensor, paths: int, channels: int) -> d
     index, grad = torch.zeros(edges, dtype=torch.int64), torch.zeros(atoms, d3, channels)
     lengths, table = torch.zeros(edges), torch.zeros(8, 4, paths * channels)
     spacing = torch.tensor(1.0)
-    runs = (index, index, index, index, lengths, y)  # sender, order, starts, walk copies
+    runs = (index, index, index)  # sender, order, starts
     table_reads = (lengths, table, spacing, index)
     return {
         "_forward": (x, y, w, t, *runs, grad, channels, edges),
@@ -85,9 +85,8 @@ def main() -> None:
     parser.add_argument("--model", default="mp0-medium")
     parser.add_argument("--caps", default="none,128,96,80,64")
     parser.add_argument("--prefetch", action="store_true", help="load next edges' indices ahead")
-    parser.add_argument("--walked", action="store_true", help="read copies in walk order")
     parser.add_argument("--channels", type=int, default=conv_triton.THREADS,
-                        help="channels per one-warp program (64: two a thread)")  # fmt: skip
+                        help="channels per one-warp program (32: one a thread)")  # fmt: skip
     args = parser.parse_args()
     caps = [None if text == "none" else int(text) for text in args.caps.split(",")]
     model = backends.convert(template(args.model, dtype=torch.float64), "cueq", "cpu")
@@ -100,8 +99,8 @@ def main() -> None:
         print(f"block {index}: D1 {d1}, D2 {d2}, D3 {d3}, {coupling.paths} paths")
         arguments = kernel_arguments(coupling.coefficients, coupling.paths, coupling.channels)
         for name, values in arguments.items():
-            constexprs = {"CHANNELS": args.channels, "STEP": conv_triton.STEP,
-                          "PREFETCH": args.prefetch, "WALKED": args.walked}  # fmt: skip
+            step = conv_triton.STEP or (2 if d1 == 1 else 1)  # conv_triton's rule
+            constexprs = {"CHANNELS": args.channels, "STEP": step, "PREFETCH": args.prefetch}
             if name.endswith("_table"):
                 constexprs["HAS_START"] = False
             found = [registers_and_spills(getattr(module, name), values, constexprs, cap)

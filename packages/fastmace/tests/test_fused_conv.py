@@ -327,25 +327,24 @@ COUPLED = ("tiny", "mp0-medium")  # each one's second block, whose coupling the 
 
 
 # Launches per coupling, conv_triton.Launch's fields (threads, step, registers, prefetch,
-# warps, walked). On the GPU: the default (one warp, MP-0 medium's 128 channels in four tiles
-# per atom), all channels in one program taking four edges at a time, with a tail and the next
-# edges' indices loaded ahead, one warp prefetching, one warp within 64 registers a thread
-# (MP-0 medium's second block then spills to local memory), and one warp of 64 channels (two
-# a thread) reading the edges' copies in walk order. The interpreter pays for every program
-# and every loop step (one launch of the tiny coupling in four-channel tiles, one edge a step:
-# 38 s on one core), so the launches there are chosen for what they cover at the least cost:
-# the tiny coupling in four-channel tiles taking four edges a step with the next ones
-# prefetched, and in one tile one edge a step; MP-0 medium's long coupling in one tile, four
-# edges a step, reading the copies in walk order (the same generated code for any tile width;
-# the interpreter has no registers or warps).
+# warps), None: the default. On the GPU: the default (one warp, two channels a thread, MP-0
+# medium's 128 channels in two tiles per atom), all channels in one program of four warps
+# taking four edges at a time, with a tail and the next edges' indices loaded ahead, one
+# channel a thread prefetching, and one channel a thread within 64 registers (MP-0 medium's
+# second block then spills to local memory). The interpreter pays for every program and every
+# loop step (one launch of the tiny coupling in four-channel tiles, one edge a step: 38 s on
+# one core), so the launches there are chosen for what they cover at the least cost: the tiny
+# coupling in four-channel tiles taking four edges a step with the next ones prefetched, and
+# in one tile one edge a step; MP-0 medium's long coupling in one tile, four edges a step (the
+# same generated code for any tile width; the interpreter has no registers or warps).
 GPU_LAUNCHES = {
-    name: ((None, None, None, None), (128, 4, None, True), (32, 1, None, True),
-           (32, 1, 64, False), (64, 1, None, False, 1, True))
+    name: ((None, None, None, None), (128, 4, None, True, None), (32, 1, None, True, None),
+           (32, 1, 64, False, None))
     for name in ("tiny", "mp0-medium")
 }  # fmt: skip
 INTERPRETER_LAUNCHES = {
     "tiny": ((4, 4, None, True), (8, 1, None, False)),
-    "mp0-medium": ((128, 4, None, False, None, True),),
+    "mp0-medium": ((128, 4, None, False),),
 }
 
 
@@ -421,15 +420,15 @@ def test_the_custom_ops_keep_their_fakes_promises():
     [
         {},
         {"step": 4, "registers": 96, "prefetch": True},
-        {"threads": 64, "warps": 1, "walked": True},
+        {"threads": 32, "step": 1, "warps": None},
     ],
-    ids=["default", "other", "walked"],
+    ids=["default", "other", "one-channel-a-thread"],
 )
 def test_the_kernels_compile_for_hopper(monkeypatch, launch):
     """Triton's whole pipeline down to an sm_90 cubin for MP-0 medium's second block: the
     kernels generated for its coupling (float32, coefficients in the code) and the others,
-    with the default launch, and taking four edges per iteration within 96 registers a
-    thread (ptxas's .maxnreg), loading the next four edges' indices ahead."""
+    with the default launch, taking four edges per iteration within 96 registers a thread
+    (ptxas's .maxnreg) loading the next four edges' indices ahead, and one channel a thread."""
     from fastmace.dynamics import conv_codegen, kernel_sources
     from fastmace.dynamics import conv_triton as kernels
 
@@ -535,4 +534,4 @@ def test_the_default_launch_tiles_the_channels_and_steps_by_block(
     features = torch.zeros(3, components, channels)
     _, found_tiles, options = kernels._launch(key, features, kernels.Launch())
     assert (found_tiles, options["CHANNELS"], options["STEP"]) == (tiles, width, step)
-    assert options["num_warps"] == 1 and not options["PREFETCH"] and not options["WALKED"]
+    assert options["num_warps"] == 1 and not options["PREFETCH"]

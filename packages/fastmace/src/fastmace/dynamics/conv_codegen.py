@@ -144,10 +144,7 @@ class _Writer:
         the radial table at the edge's length, as radial_table._evaluate does. With the
         kernel's ``PREFETCH``, each step's slots, senders and lengths were loaded by the step
         before (values carried by the loop), so its own loads wait on one level of memory
-        instead of three (slot, then sender and length, then features and table rows). With
-        ``WALKED``, senders, lengths and harmonics come from copies gathered in the walk's
-        order (``walk_sender``, ``walk_lengths``, ``walk_harmonics``) at the step's positions:
-        only the per-edge rows' loads and the stores wait for the edge's slot."""
+        instead of three (slot, then sender and length, then features and table rows)."""
         indent = " " * 12
         carried = ["edge", "source", *(["length"] if table else [])]
         lines = [
@@ -161,24 +158,16 @@ class _Writer:
             "        pos = first + lane",
             "        live = pos < end",
             "        both = live[:, None] & ok[None, :]",
-            "        if WALKED:  # copies in walk order: only the slot's own uses wait on it",
-            f"{indent}edge = tl.load(order + pos, mask=live, other=0).to(tl.int64)",
-            f"{indent}source = tl.load(walk_sender + pos, mask=live, other=0).to(tl.int64)",
-            *(
-                [f"{indent}length = tl.load(walk_lengths + pos, mask=live, other=0.0)"]
-                if table
-                else []
-            ),
-            f"{indent}y_row = walk_harmonics + pos * {self.d2}",
-            "        elif PREFETCH:  # this step's came with the last; the next step's load now",
+            "        if PREFETCH:  # this step's came with the last; the next step's load now",
             *[f"            {name} = {name}_ahead" for name in carried],
             "            ahead = pos + STEP",
             *self.indices(table, "ahead", "ahead < end", "_ahead", indent),
-            f"{indent}y_row = harmonics + edge * {self.d2}",
             "        else:",
             *self.indices(table, "pos", "live", "", indent),
-            f"{indent}y_row = harmonics + edge * {self.d2}",
-            *[f"        y{j} = tl.load(y_row + {j}, mask=live, other=0.0)" for j in self.harmonics],
+            *[
+                f"        y{j} = tl.load(harmonics + edge * {self.d2} + {j}, mask=live, other=0.0)"
+                for j in self.harmonics
+            ],
             *[
                 f"        x{i} = tl.load(features + (source[:, None] * {self.d1} + {i}) * channels "
                 "+ c[None, :], mask=both, other=0.0)"
@@ -233,8 +222,6 @@ class _Writer:
 # What each kernel reads besides the coupling's inputs: the weights, or the radial table.
 _WEIGHTS = "weights"
 _TABLE = "lengths, table, inverse_spacing, start"
-# The copies of the edges' senders, lengths and harmonics in walk order (read with WALKED).
-_WALK = "walk_sender, walk_lengths, walk_harmonics"
 _TABLE_PROLOGUE = [
     "    inverse_spacing = tl.load(inverse_spacing)",
     "    last = (intervals - 1).to(inverse_spacing.dtype)",
@@ -270,9 +257,9 @@ def _forward(write: _Writer, table: bool) -> list[str]:
     extra = ", intervals, HAS_START: tl.constexpr" if table else ""
     return [
         "@triton.jit",
-        f"def {name}(features, harmonics, {reads}, coefficients, sender, order, starts,",
-        f"        {_WALK}, out, channels, weight_rows{extra}, CHANNELS: tl.constexpr,",
-        "        STEP: tl.constexpr, PREFETCH: tl.constexpr, WALKED: tl.constexpr):",
+        f"def {name}(features, harmonics, {reads}, coefficients, sender, order, starts, out,",
+        f"        channels, weight_rows{extra}, CHANNELS: tl.constexpr, STEP: tl.constexpr,",
+        "        PREFETCH: tl.constexpr):",
         *write.prologue(),
         *(_TABLE_PROLOGUE if table else []),
         *[f"    o{k} = {_zeros('CHANNELS', 'out')}" for k in write.outputs],
@@ -300,9 +287,8 @@ def _backward(write: _Writer, table: bool) -> list[str]:
     lines = [
         "@triton.jit",
         f"def {name}(grad, features, harmonics, {reads}, coefficients, sender, order, starts,",
-        f"        {_WALK}, {gradient}, grad_harmonics, shares, channels, weight_rows{extra},",
-        "        CHANNELS: tl.constexpr, STEP: tl.constexpr, PREFETCH: tl.constexpr,",
-        "        WALKED: tl.constexpr):",
+        f"        {gradient}, grad_harmonics, shares, channels, weight_rows{extra},",
+        "        CHANNELS: tl.constexpr, STEP: tl.constexpr, PREFETCH: tl.constexpr):",
         *write.prologue(),
         *(_TABLE_PROLOGUE if table else []),
         "    tile = tl.program_id(1)",

@@ -75,10 +75,6 @@ REGISTERS: int | None = None
 # second block reading per-pair weights from 5.72 to 5.21 ms but the table's kernels, which the
 # default path runs, from 2.82 to 3.08 and 5.65 to 6.18 ms.
 PREFETCH = False
-# Whether the generated kernels read each edge's sender, length and harmonics from copies
-# gathered in the walk's order before the launch (conv_codegen's WALKED): a step's loads then
-# wait on one load (the sender's, for its features) instead of two or three. Not yet timed.
-WALKED = False
 EDGES = 128  # edges per program of the zeroing kernel
 
 
@@ -130,21 +126,14 @@ class Launch:
     power of two from 32), on ``warps`` warps (None: one channel per thread; fewer warps give
     each thread several channels, which share its per-edge scalars), ``step`` of an atom's
     edges per iteration (None: :data:`STEP`'s rule), at most ``registers`` registers per
-    thread (None: ptxas's choice), with ``prefetch`` each step loading the next one's edge
-    indices, and with ``walked`` the edges' senders, lengths and harmonics read from copies
-    in walk order."""
+    thread (None: ptxas's choice), and with ``prefetch`` each step loading the next one's
+    edge indices."""
 
     threads: int = THREADS
     step: int | None = STEP
     registers: int | None = REGISTERS
     prefetch: bool = PREFETCH
     warps: int | None = WARPS
-    walked: bool = WALKED
-
-    def __post_init__(self) -> None:
-        if self.prefetch and self.walked:
-            raise ValueError("Launch: prefetch and walked are two ways to shorten the same "
-                             "chain of loads; choose one")  # fmt: skip
 
 
 def _launch(key: str, features: torch.Tensor, launch: Launch) -> tuple[ModuleType, int, dict]:
@@ -159,7 +148,7 @@ def _launch(key: str, features: torch.Tensor, launch: Launch) -> tuple[ModuleTyp
     warps = max(1, width // 32) if launch.warps is None else launch.warps
     step = launch.step or (2 if features.shape[1] == 1 else 1)
     options = {"CHANNELS": width, "STEP": step, "PREFETCH": launch.prefetch,
-               "WALKED": launch.walked, "num_warps": warps}  # fmt: skip
+               "num_warps": warps}  # fmt: skip
     if launch.registers is not None:
         options["maxnreg"] = launch.registers
     return module, triton.cdiv(channels, width), options
@@ -178,8 +167,8 @@ def forward(
 ) -> torch.Tensor:
     """(N, D1, C) features -> (N, D3, C) messages summed over each atom's incoming edges,
     with the kernels of the coupling registered under ``key`` (``coefficients`` is its T)."""
-    return _forward("_forward", (weights,), weights.shape[0], (), None, key, features,
-                    harmonics, coefficients, sender, receiver_runs, skip, launch)  # fmt: skip
+    return _forward("_forward", (weights,), weights.shape[0], (), key, features, harmonics,
+                    coefficients, sender, receiver_runs, skip, launch)  # fmt: skip
 
 
 def forward_from_table(
@@ -203,7 +192,7 @@ def forward_from_table(
     beginning at ``start[e]``."""
     reads, extra = _table_reads(lengths, table, inverse_spacing, start, intervals)
     return _forward(
-        "_forward_table", reads, lengths.shape[0], extra, lengths, key, features, harmonics,
+        "_forward_table", reads, lengths.shape[0], extra, key, features, harmonics,
         coefficients, sender, receiver_runs, skip, launch,
     )  # fmt: skip
 
@@ -220,28 +209,11 @@ def _table_reads(
     return reads, (table.shape[0] if intervals is None else intervals, start is not None)
 
 
-def walk_copies(
-    launch: Launch,
-    sender: torch.Tensor,
-    harmonics: torch.Tensor,
-    lengths: torch.Tensor | None,
-    order: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernels' ``walk_sender``, ``walk_lengths`` and ``walk_harmonics``: each edge's
-    sender, length (row e mod rows) and harmonics in the walk's ``order`` where the launch
-    reads them so, else placeholders the kernels do not read."""
-    if not launch.walked:
-        return sender, sender if lengths is None else lengths, harmonics
-    walk_lengths = sender if lengths is None else lengths[order % lengths.shape[0]]
-    return sender[order], walk_lengths, harmonics[order]
-
-
 def _forward(
     kernel: str,
     reads: tuple[torch.Tensor, ...],
     rows: int,
     extra: tuple[int, ...],
-    lengths: torch.Tensor | None,
     key: str,
     features: torch.Tensor,
     harmonics: torch.Tensor,
@@ -259,10 +231,9 @@ def _forward(
     if atoms - skip > 0:
         module, tiles, tile = _launch(key, features, launch)
         order, starts = receiver_runs
-        walk = walk_copies(launch, sender, harmonics, lengths, order)
         getattr(module, kernel)[(atoms - skip, tiles)](
-            features, harmonics, *reads, coefficients, sender, order, starts, *walk, out,
-            channels, rows, *extra, **tile,
+            features, harmonics, *reads, coefficients, sender, order, starts, out, channels,
+            rows, *extra, **tile,
         )  # fmt: skip
     return out
 
@@ -284,9 +255,8 @@ def backward(
     edges, paths, channels = harmonics.shape[0], weights.shape[1], features.shape[2]
     grad_weights = torch.empty((edges, paths, channels), dtype=grad.dtype, device=grad.device)
     grad_features, grad_harmonics = _backward(
-        "_backward", (weights,), weights.shape[0], (), None, grad_weights, key, grad,
-        features, harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip,
-        launch,
+        "_backward", (weights,), weights.shape[0], (), grad_weights, key, grad, features,
+        harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip, launch,
     )  # fmt: skip
     return grad_features, grad_harmonics, grad_weights
 
@@ -316,9 +286,8 @@ def backward_from_table(
     partial = torch.empty((edges, tiles), dtype=grad.dtype, device=grad.device)
     reads, extra = _table_reads(lengths, table, inverse_spacing, start, intervals)
     grad_features, grad_harmonics = _backward(
-        "_backward_table", reads, lengths.shape[0], extra, lengths, partial, key, grad,
-        features, harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip,
-        launch,
+        "_backward_table", reads, lengths.shape[0], extra, partial, key, grad, features,
+        harmonics, coefficients, edge_index, receiver_runs, sender_runs, skip, launch,
     )  # fmt: skip
     return grad_features, grad_harmonics, partial.sum(dim=1)
 
@@ -328,7 +297,6 @@ def _backward(
     reads: tuple[torch.Tensor, ...],
     rows: int,
     extra: tuple[int, ...],
-    lengths: torch.Tensor | None,
     per_edge: torch.Tensor,
     key: str,
     grad: torch.Tensor,
@@ -353,11 +321,10 @@ def _backward(
         grad_features[atoms - skip :].zero_()
     sender, receiver = edge_index[0], edge_index[1]
     if atoms - skip > 0:
-        walk = walk_copies(launch, sender, harmonics, lengths, receiver_runs[0])
         getattr(module, kernel)[(atoms - skip, tiles)](
             grad, features, harmonics, *reads, coefficients, sender, receiver_runs[0],
-            receiver_runs[1], *walk, per_edge, partial_harmonics, shares, channels, rows,
-            *extra, **tile,
+            receiver_runs[1], per_edge, partial_harmonics, shares, channels, rows, *extra,
+            **tile,
         )  # fmt: skip
         _sum_by_sender[(atoms - skip, tiles)](
             shares, receiver, atoms - skip, sender_runs[0], sender_runs[1], grad_features,
