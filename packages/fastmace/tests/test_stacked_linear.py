@@ -15,7 +15,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastmace.dynamics.irreps_linear import (
     IrrepsLinear,
-    LinearReadError,
     is_equivariant_linear,
     read_linear,
     segments,
@@ -135,8 +134,9 @@ def test_a_layer_that_is_not_its_stacked_map_is_refused():
     )  # fmt: skip
     from fastmace.dynamics import stacked_linear
 
-    with pytest.raises(LinearReadError, match=r"interactions\.1\.linear: the stacked map differs"):
-        stacked_linear._check(StackedLinear(wrong), module, "interactions.1.linear")
+    found = stacked_linear.disagreement(StackedLinear(wrong), module, "interactions.1.linear")
+    assert found.startswith("interactions.1.linear: the stacked map differs from the layer by")
+    assert stacked_linear.disagreement(StackedLinear(linear), module, "linear") is None
 
 
 def test_a_layer_whose_stacked_map_fails_its_check_is_kept_and_the_reason_recorded(monkeypatch):
