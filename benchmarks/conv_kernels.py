@@ -324,7 +324,7 @@ def launch_cases(model_name: str, atoms: int, index: int, inputs: dict, ours: Fu
             found[source, variant] = [forward(), *backward()]
             cases.append({
                 "model": model_name, "atoms": atoms, "path": "convolution",
-                "variant": f"fastmace-{source}-threads{threads}-step{step}"
+                "variant": f"fastmace-{source}-threads{threads}-step{step or 'auto'}"
                            f"-registers{registers or 'any'}{'-prefetch' * prefetch}"
                            f"{f'-warps{warps}' if warps else ''}"
                            f"-block{index}",
