@@ -2,9 +2,10 @@
 
 Each interaction block of a template (converted to cuEquivariance in float64 on the CPU, as
 the tests do) has its forward and backward kernels generated (dynamics/conv_codegen.py,
-float32), compiled by Triton for sm_90 at the default launch (one warp, one edge per
-iteration; ``--prefetch``: loading the next edge's indices ahead; ``--channels 32``: one
-channel a thread, as before 2026-12-07's third session) under each register cap,
+float32), compiled by Triton for sm_90 at the default launch (one warp of 64 channels, two a
+thread; two edges per iteration in a first block, one elsewhere; ``--prefetch``: loading the
+next edge's indices ahead; ``--channels 32``: one channel a thread, as before 2026-12-07's
+third session) under each register cap,
 and assembled by Triton's own ptxas with ``-v``; the lines it prints give registers per
 thread and spilled bytes:
 
@@ -99,7 +100,7 @@ def main() -> None:
         print(f"block {index}: D1 {d1}, D2 {d2}, D3 {d3}, {coupling.paths} paths")
         arguments = kernel_arguments(coupling.coefficients, coupling.paths, coupling.channels)
         for name, values in arguments.items():
-            step = conv_triton.STEP or (2 if d1 == 1 else 1)  # conv_triton's rule
+            step = conv_triton.Launch().edges_per_step(d1)
             constexprs = {"CHANNELS": args.channels, "STEP": step, "PREFETCH": args.prefetch}
             if name.endswith("_table"):
                 constexprs["HAS_START"] = False

@@ -135,6 +135,10 @@ class Launch:
     prefetch: bool = PREFETCH
     warps: int | None = WARPS
 
+    def edges_per_step(self, components: int) -> int:
+        """``step``, or :data:`STEP`'s rule for senders' features of ``components`` (D1)."""
+        return self.step or (2 if components == 1 else 1)
+
 
 def _launch(key: str, features: torch.Tensor, launch: Launch) -> tuple[ModuleType, int, dict]:
     """The generated kernels for the features' dtype, the channel tiles per atom and the
@@ -146,7 +150,7 @@ def _launch(key: str, features: torch.Tensor, launch: Launch) -> tuple[ModuleTyp
         width //= 2
     module = conv_codegen.kernels(key, literal=features.dtype == torch.float32)
     warps = max(1, width // 32) if launch.warps is None else launch.warps
-    step = launch.step or (2 if features.shape[1] == 1 else 1)
+    step = launch.edges_per_step(features.shape[1])
     options = {"CHANNELS": width, "STEP": step, "PREFETCH": launch.prefetch,
                "num_warps": warps}  # fmt: skip
     if launch.registers is not None:
