@@ -108,6 +108,34 @@ def test_a_table_that_would_outgrow_its_memory_is_refused_before_it_is_built():
         RadialTable.build(radial, 6.0, TABLE_TOLERANCE, torch.zeros(1), most_megabytes=0.3)
 
 
+def test_a_doubled_table_holds_the_function_at_its_own_nodes():
+    """The build reuses the midpoints its error check evaluated as the next grid's nodes: the
+    table it ends with holds the function's values and slopes at that table's nodes, as if
+    they had been evaluated there (and it counts the function's calls: none twice)."""
+    points = []
+
+    def radial(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        points.append(r.numel())
+
+        def wave(x: torch.Tensor) -> torch.Tensor:  # needs 1,024 or more intervals on [0, 6]
+            return torch.stack([torch.sin(12.0 * x), torch.cos(7.0 * x) * x], dim=1)
+
+        return torch.func.jvp(wave, (r,), (torch.ones_like(r),))
+
+    table = RadialTable.build(radial, 6.0, TABLE_TOLERANCE, torch.zeros(1, dtype=torch.float64))
+    intervals = table.intervals
+    assert intervals >= 1024
+    grid = torch.arange(intervals + 1, dtype=torch.float64) * table.spacing
+    values, slopes = radial(grid)
+    torch.testing.assert_close(table.coefficients[:, 0], values[:-1], rtol=0, atol=1e-14)
+    torch.testing.assert_close(
+        table.coefficients[:, 1], slopes[:-1] * table.spacing, rtol=0, atol=1e-14
+    )
+    # The first grid (257 nodes), then three midpoint sets per level: nothing else.
+    levels = (intervals // 256).bit_length()
+    assert sum(points[:-1]) == 257 + sum(3 * 256 * 2**level for level in range(levels))
+
+
 def test_beyond_the_cutoff_the_weights_and_their_slope_are_zero():
     """Padding edges sit at 2 r_max: they must read zeros and send no force."""
     model = model_of("tiny", torch.float32)

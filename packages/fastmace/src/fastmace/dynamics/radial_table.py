@@ -169,12 +169,12 @@ class RadialTable(torch.nn.Module):
         refused before a doubling whose table would exceed ``most_megabytes`` (in ``like``'s
         dtype: the float64 build needs several times that on the device)."""
         intervals = FIRST_INTERVALS
+        spacing = r_max / intervals
+        grid = torch.arange(intervals + 1, dtype=torch.float64, device=like.device) * spacing
+        values, derivatives = radial(grid)
         while True:
-            spacing = r_max / intervals
-            grid = torch.arange(intervals + 1, dtype=torch.float64, device=like.device) * spacing
-            values, derivatives = radial(grid)
             coefficients = _cubic_coefficients(values, derivatives * spacing)
-            error = _table_error(radial, grid, coefficients)
+            error, (middle, middle_derivatives) = _table_error(radial, grid, coefficients)
             if error <= tolerance:
                 break
             if intervals >= MOST_INTERVALS:
@@ -191,6 +191,12 @@ class RadialTable(torch.nn.Module):
                     f"{megabytes:.1f} MB, above the {most_megabytes:.1f} MB left for tables; "
                     "run without radial_table"
                 )
+            # The finer grid's nodes are the old nodes and the midpoints the error check
+            # has just evaluated: the function is not evaluated there again.
+            spacing = r_max / intervals
+            grid = torch.arange(intervals + 1, dtype=torch.float64, device=like.device) * spacing
+            values = _interleaved(values, middle)
+            derivatives = _interleaved(derivatives, middle_derivatives)
         return cls(coefficients.to(like.dtype), spacing, error)
 
     @property
@@ -237,20 +243,38 @@ def _radial_function(
     return both
 
 
-def _table_error(radial: _Function, grid: torch.Tensor, coefficients: torch.Tensor) -> float:
+def _table_error(
+    radial: _Function, grid: torch.Tensor, coefficients: torch.Tensor
+) -> tuple[float, tuple[torch.Tensor, torch.Tensor]]:
     """Largest error of the table between its nodes, in w and in dw/dr, each relative to
-    its largest value (forces come from dw/dr, whose error is one order larger in h)."""
+    its largest value (forces come from dw/dr, whose error is one order larger in h), and
+    the function's values and derivatives at the intervals' midpoints (a finer table's
+    nodes). Each interval's cubic is read at a quarter, half and three quarters of it."""
     spacing = float(grid[1] - grid[0])
+    c0, c1, c2, c3 = coefficients.unbind(dim=1)
     worst = 0.0
+    middle: tuple[torch.Tensor, torch.Tensor] = (grid[:0], grid[:0])
     for fraction in (0.25, 0.5, 0.75):
-        points = grid[:-1] + fraction * spacing
-        exact, exact_slope = radial(points)
-        read, read_slope = _evaluate(points / spacing, coefficients)
-        for error, exact_rows in ((read - exact, exact), (read_slope / spacing - exact_slope,
-                                                          exact_slope)):  # fmt: skip
+        exact, exact_slope = radial(grid[:-1] + fraction * spacing)
+        if fraction == 0.5:
+            middle = (exact, exact_slope)
+        # Horner's rule as _evaluate, at the fraction itself (no row to look up), in place:
+        # MH-1's tables are hundreds of MB, each temporary a fresh allocation.
+        read = (c3 * fraction).add_(c2).mul_(fraction).add_(c1).mul_(fraction).add_(c0)
+        slope = (c3 * (3 * fraction)).add_(c2, alpha=2).mul_(fraction).add_(c1).div_(spacing)
+        for error, exact_rows in ((read.sub_(exact), exact), (slope.sub_(exact_slope),
+                                                              exact_slope)):  # fmt: skip
             largest = float(exact_rows.abs().max().clamp_min(torch.finfo(torch.float64).tiny))
-            worst = max(worst, float(error.abs().max()) / largest)
-    return worst
+            worst = max(worst, float(error.abs_().max()) / largest)
+    return worst, middle
+
+
+def _interleaved(nodes: torch.Tensor, middles: torch.Tensor) -> torch.Tensor:
+    """Rows of ``nodes`` (N + 1) with the N rows of ``middles`` between them."""
+    joined = nodes.new_empty((nodes.shape[0] + middles.shape[0], *nodes.shape[1:]))
+    joined[0::2] = nodes
+    joined[1::2] = middles
+    return joined
 
 
 def _float64_copy(module: torch.nn.Module) -> torch.nn.Module:
