@@ -102,6 +102,7 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 110 # two channels a thread: 13,824 before/after
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 111 # four channels a thread; two warps; two edges
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 112 # register room; where the convolution pays now
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 113 # stage 112 in 400 s: 1,728, launches
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1522,6 +1523,18 @@ mp0-medium/1728/fastmace-cueq-table-compile,mp0-medium/1728/fastmace-cueq-conv-t
 mp0-medium/4096/fastmace-cueq-table-compile,mp0-medium/4096/fastmace-cueq-conv-table-compile" \
     > "$OUT/crossover.log" 2>&1
   echo "crossover: exit $?"; grep -E "ms/step|Error|error" "$OUT/crossover.log" | tail -8
+  ;;
+113)
+  # Stage 112 for a session with few device minutes: where FastMACE's convolution starts to pay
+  # (1,728 atoms, with and without it, both compiled with tables), then the launches.
+  timeout 210 python3 benchmarks/md_speed.py --out "$OUT/crossover" --budget-s 200 \
+    --case-timeout-s 100 --only "mp0-medium/1728/fastmace-cueq-table-compile,\
+mp0-medium/1728/fastmace-cueq-conv-table-compile" > "$OUT/crossover.log" 2>&1
+  echo "crossover: exit $?"; grep -E "ms/step|Error|error" "$OUT/crossover.log" | tail -8
+  timeout 150 python3 benchmarks/conv_kernels.py --atoms 13824 --launches-only \
+    --out "$OUT/launches" > "$OUT/launches.log" 2>&1
+  echo "launches: exit $?"
+  grep -E "^ +[0-9]+ " "$OUT/launches.log" | cut -c1-130
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
