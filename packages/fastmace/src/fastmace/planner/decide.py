@@ -90,7 +90,8 @@ FUSED_CONVOLUTION_SAVING_MS_PER_ATOM = 0.51e-3
 FUSED_CONVOLUTION_COST_S = 11.0
 FUSED_CONVOLUTION_MEASURED = (
     "H100, MP-0 medium, compiled: 15.0 against 21.1 ms per step at 13,824 atoms, 1.23-1.52x "
-    "from 4,096 to 32,768 atoms, 0.87x at 1,728; docs/design/convolution.md"
+    "from 4,096 to 32,768 atoms, 0.87x at 1,728 (0.93x with two channels a thread, "
+    "2026-12-07); docs/design/convolution.md"
 )
 # MACE-POLAR-1 (PolarMACE): why its step is neither captured nor compiled, and its backend.
 LONG_RANGE_EAGER_REASON = (
