@@ -103,6 +103,8 @@
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 111 # four channels a thread; two warps; two edges
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 112 # register room; where the convolution pays now
 #   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 113 # stage 112 in 400 s: 1,728, launches
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 114 # the default path, 216 and 13,824
+#   . .gpu/setup.sh && bash tools/validation/startup_gpu.sh 115 # MH-1's default path, 216
 #
 # Stage 7 compares this checkout with the source tree in .baseline/ (carry it), made with
 # `git archive COMMIT packages/fastmace/src benchmarks | tar -x -C .baseline`.
@@ -1535,6 +1537,20 @@ mp0-medium/1728/fastmace-cueq-conv-table-compile" > "$OUT/crossover.log" 2>&1
     --out "$OUT/launches" > "$OUT/launches.log" 2>&1
   echo "launches: exit $?"
   grep -E "^ +[0-9]+ " "$OUT/launches.log" | cut -c1-130
+  ;;
+114)
+  # The default path with the two-channel launch and the first block's two-edge step (run on
+  # 2026-12-07 as this command, straight after stage 113 on the same machine).
+  timeout 320 python3 benchmarks/md_speed.py --out "$OUT/default13824" --budget-s 300 \
+    --case-timeout-s 150 --only "mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default" \
+    > "$OUT/default.log" 2>&1
+  echo "exit $?"; grep -E "ms/step|Error|error" "$OUT/default.log" | tail -6
+  ;;
+115)
+  # MH-1's default path at 216 atoms (after stage 114, the device time left).
+  timeout 190 python3 benchmarks/md_speed.py --out "$OUT/mh1" --budget-s 180 \
+    --case-timeout-s 170 --only "mh-1/216/fastmace-default" > "$OUT/mh1.log" 2>&1
+  echo "exit $?"; grep -E "ms/step|Error|error" "$OUT/mh1.log" | tail -4
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
