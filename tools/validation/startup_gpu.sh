@@ -1540,7 +1540,8 @@ mp0-medium/1728/fastmace-cueq-conv-table-compile" > "$OUT/crossover.log" 2>&1
   ;;
 114)
   # The default path with the two-channel launch and the first block's two-edge step (run on
-  # 2026-12-07 as this command, straight after stage 113 on the same machine).
+  # 2026-12-07 by hand with these arguments, straight after stage 113 on the same machine, the
+  # cache root left at its default rather than this script's FASTMACE_CACHE).
   timeout 320 python3 benchmarks/md_speed.py --out "$OUT/default13824" --budget-s 300 \
     --case-timeout-s 150 --only "mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default" \
     > "$OUT/default.log" 2>&1
