@@ -169,8 +169,7 @@ class RadialTable(torch.nn.Module):
         refused before a doubling whose table would exceed ``most_megabytes`` (in ``like``'s
         dtype: the float64 build needs several times that on the device)."""
         intervals = FIRST_INTERVALS
-        spacing = r_max / intervals
-        grid = torch.arange(intervals + 1, dtype=torch.float64, device=like.device) * spacing
+        spacing, grid = _nodes(r_max, intervals, like.device)
         values, derivatives = radial(grid)
         while True:
             coefficients = _cubic_coefficients(values, derivatives * spacing)
@@ -193,8 +192,7 @@ class RadialTable(torch.nn.Module):
                 )
             # The finer grid's nodes are the old nodes and the midpoints the error check
             # has just evaluated: the function is not evaluated there again.
-            spacing = r_max / intervals
-            grid = torch.arange(intervals + 1, dtype=torch.float64, device=like.device) * spacing
+            spacing, grid = _nodes(r_max, intervals, like.device)
             values = _interleaved(values, middle)
             derivatives = _interleaved(derivatives, middle_derivatives)
         return cls(coefficients.to(like.dtype), spacing, error)
@@ -253,11 +251,9 @@ def _table_error(
     spacing = float(grid[1] - grid[0])
     c0, c1, c2, c3 = coefficients.unbind(dim=1)
     worst = 0.0
-    middle: tuple[torch.Tensor, torch.Tensor] = (grid[:0], grid[:0])
+    evaluated = {}
     for fraction in (0.25, 0.5, 0.75):
-        exact, exact_slope = radial(grid[:-1] + fraction * spacing)
-        if fraction == 0.5:
-            middle = (exact, exact_slope)
+        evaluated[fraction] = exact, exact_slope = radial(grid[:-1] + fraction * spacing)
         # Horner's rule as _evaluate, at the fraction itself (no row to look up), in place:
         # MH-1's tables are hundreds of MB, each temporary a fresh allocation.
         read = (c3 * fraction).add_(c2).mul_(fraction).add_(c1).mul_(fraction).add_(c0)
@@ -266,7 +262,13 @@ def _table_error(
                                                               exact_slope)):  # fmt: skip
             largest = float(exact_rows.abs().max().clamp_min(torch.finfo(torch.float64).tiny))
             worst = max(worst, float(error.abs_().max()) / largest)
-    return worst, middle
+    return worst, evaluated[0.5]
+
+
+def _nodes(r_max: float, intervals: int, device: torch.device) -> tuple[float, torch.Tensor]:
+    """The spacing of ``intervals`` equal intervals on [0, r_max] and their nodes (float64)."""
+    spacing = r_max / intervals
+    return spacing, torch.arange(intervals + 1, dtype=torch.float64, device=device) * spacing
 
 
 def _interleaved(nodes: torch.Tensor, middles: torch.Tensor) -> torch.Tensor:
