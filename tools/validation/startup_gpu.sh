@@ -1565,6 +1565,22 @@ mp0-medium/1728/fastmace-cueq-conv-table-compile" > "$OUT/crossover.log" 2>&1
   grep -h "^start-up" "$OUT"/startup-13824/*.log | cut -c1-400
   head -30 "$OUT/startup-13824/warm-profiled-top.txt" 2>/dev/null | cut -c1-160
   ;;
+117)
+  # Where stage 116's warm start goes (31.9 s, of which a first block of 11.9 s that compiled
+  # for 7.6 s): the same three runs with the warm profile kept whole (warm-profiled.pstats),
+  # then two more warm starts on the same cache, one with Inductor's compile workers off
+  # (TORCHINDUCTOR_COMPILE_THREADS=1: no worker pool to start for kernels already compiled).
+  timeout 330 python3 benchmarks/startup_time.py --atoms 13824 --steps 2000 --timeout-s 150 \
+    --profile-warm --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824 (default path, compiled): exit $?"
+  mv "$OUT/startup-13824/warm-profiled.prof" "$OUT/startup-13824/warm-profiled.pstats"
+  grep -h "^start-up" "$OUT"/startup-13824/*.log | cut -c1-400
+  TORCHINDUCTOR_COMPILE_THREADS=1 timeout 150 python3 benchmarks/startup_time.py --atoms 13824 \
+    --steps 2000 --timeout-s 70 --out "$OUT/startup-13824-one-thread" --extra=--compile \
+    > "$OUT/startup-13824-one-thread.log" 2>&1
+  echo "start-up 13824, both warm, compile threads 1: exit $?"
+  grep -h "^start-up" "$OUT"/startup-13824-one-thread/*.log | cut -c1-400
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \

@@ -973,13 +973,24 @@ def test_the_own_convolution_where_its_saving_pays_for_its_compilation(plan_for:
     assert "100,000 steps of 13,824 atoms would save about 630 s" in decision.reason
     assert chosen.engine_settings().fused_convolution and chosen.radial_table
     assert "convolution  own" in chosen.describe()
-    # Each reason it is left out: too short a run, too few atoms, no tables, tables per pair of
-    # elements (not measured), the device, the backend, a long-range model.
+    # MH-1's tables per pair of elements: measured apart (1.18x at 1,728 atoms), so chosen from
+    # there, for a run long enough at that size, with the saving of its own measurements.
+    pairs = {**large, "radials_per_element_pair": True}
+    for changes, value, words in (
+        ({**pairs, "atoms_per_system": (1728,), "steps": 10_000}, True, "save about 15 s"),
+        ({**pairs, "steps": 1_000}, True, "1,000 steps of 13,824 atoms would save about 14 s"),
+        ({**pairs, "atoms_per_system": (1728,), "steps": 1_000}, False, "save about 1 s"),
+        ({**pairs, "atoms_per_system": (216,)}, False, "below 1,728 atoms not measured"),
+    ):
+        decision = plan_for(**changes).decision("fused_convolution")
+        assert (decision.value, decision.source) == (value, "measured"), changes
+        assert words in decision.reason and "tables per pair" in decision.reason, decision.reason
+    # Each reason it is left out: too short a run, too few atoms, no tables, the device, the
+    # backend, a long-range model.
     for changes, config, words in (
         ({**large, "steps": 1_000}, None, "save about 6 s against about 11 s"),
         ({**large, "atoms_per_system": (1728,)}, None, "below 3,000 atoms"),
         ({**large, "tabulable_radials": False}, None, "only with radial tables"),
-        ({**large, "radials_per_element_pair": True}, None, "per pair of elements (MH-1)"),
         ({**large, "device": "cpu"}, None, "e3nn on the cpu"),
         (large, EngineConfig(backend="hybrid"), "hybrid on the cuda"),
         ({**large, "long_range": True}, None, "a long-range model"),

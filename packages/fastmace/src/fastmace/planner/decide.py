@@ -93,6 +93,18 @@ FUSED_CONVOLUTION_MEASURED = (
     "from 4,096 to 32,768 atoms, 0.87x at 1,728 (0.93x with two channels a thread, "
     "2026-12-07); docs/design/convolution.md"
 )
+# The same kernels reading MH-1's tables per pair of elements (its radial MLPs see the two
+# elements), against cuEquivariance's convolution with those tables apart (H100, MH-1
+# template, NaCl, compiled; benchmarks/results/2026-12-07d-h100/): 8.12 against 9.58 ms per
+# step at 1,728 atoms, 49.9 against 64.0 at 13,824. The saving, a line through both sizes:
+# about 1.05 µs per atom less 0.36 ms per step. Below 1,728 atoms it is not measured.
+PAIR_TABLE_CONVOLUTION_MIN_ATOMS = 1_728
+PAIR_TABLE_CONVOLUTION_SAVING_MS = -0.36
+PAIR_TABLE_CONVOLUTION_SAVING_MS_PER_ATOM = 1.048e-3
+PAIR_TABLE_CONVOLUTION_MEASURED = (
+    "H100, MH-1, compiled, tables per pair of elements: 8.12 against 9.58 ms per step at 1,728 "
+    "atoms, 49.9 against 64.0 at 13,824 (2026-12-07); docs/design/convolution.md"
+)
 # MACE-POLAR-1 (PolarMACE): why its step is neither captured nor compiled, and its backend.
 LONG_RANGE_EAGER_REASON = (
     "rule: a long-range model (MACE-POLAR-1) runs eagerly: graph-longrange sizes its k-space "
@@ -353,9 +365,15 @@ def _product_basis(workload: Workload, config: EngineConfig, backend: str) -> De
     return Decision("product_basis", False, PRODUCT_BASIS_REASON, MEASURED)
 
 
-def fused_convolution_saving_s(n_atoms: int, steps: int) -> float:
-    """The seconds FastMACE's own convolution is predicted to save over ``steps`` steps."""
-    per_step_ms = FUSED_CONVOLUTION_SAVING_MS + FUSED_CONVOLUTION_SAVING_MS_PER_ATOM * n_atoms
+def fused_convolution_saving_s(n_atoms: int, steps: int, per_pair: bool = False) -> float:
+    """The seconds FastMACE's own convolution is predicted to save over ``steps`` steps, reading
+    tables of the distance (MP-0-like blocks) or, with ``per_pair``, per pair of elements."""
+    if per_pair:
+        per_step_ms = (
+            PAIR_TABLE_CONVOLUTION_SAVING_MS + PAIR_TABLE_CONVOLUTION_SAVING_MS_PER_ATOM * n_atoms
+        )
+    else:
+        per_step_ms = FUSED_CONVOLUTION_SAVING_MS + FUSED_CONVOLUTION_SAVING_MS_PER_ATOM * n_atoms
     return per_step_ms * steps / 1000.0
 
 
@@ -390,27 +408,25 @@ def _fused_convolution(
             "time at 13,824 atoms, H100); EngineConfig(fused_convolution=True) forces it",
             MEASURED,
         )  # fmt: skip
-    if workload.radials_per_element_pair:
-        # Measured with MP-0's tables of the distance; MH-1's per pair not yet (stage 95).
+    per_pair = workload.radials_per_element_pair
+    smallest, measured = (
+        (PAIR_TABLE_CONVOLUTION_MIN_ATOMS, PAIR_TABLE_CONVOLUTION_MEASURED)
+        if per_pair
+        else (FUSED_CONVOLUTION_MIN_ATOMS, FUSED_CONVOLUTION_MEASURED)
+    )
+    if workload.n_atoms < smallest:
+        below = "not measured" if per_pair else "cuEquivariance's convolution is faster"
         return Decision(
-            name, False, "rule: measured only with tables of the distance alone (MP-0-like "
-            "blocks); this model's tables are per pair of elements (MH-1), whose speed with "
-            "FastMACE's convolution is not measured yet; EngineConfig(fused_convolution=True) "
-            "forces it", RULE,
+            name, False, f"measured: below {smallest:,} atoms {below} ({measured}); this plan "
+            f"has {workload.n_atoms:,}; EngineConfig(fused_convolution=True) forces it", MEASURED,
         )  # fmt: skip
-    if workload.n_atoms < FUSED_CONVOLUTION_MIN_ATOMS:
-        return Decision(
-            name, False, f"measured: below {FUSED_CONVOLUTION_MIN_ATOMS:,} atoms cuEquivariance's "
-            f"convolution is faster ({FUSED_CONVOLUTION_MEASURED}); this plan has "
-            f"{workload.n_atoms:,}; EngineConfig(fused_convolution=True) forces it", MEASURED,
-        )  # fmt: skip
-    saving = fused_convolution_saving_s(workload.n_atoms, workload.steps)
+    saving = fused_convolution_saving_s(workload.n_atoms, workload.steps, per_pair)
     pays = saving >= FUSED_CONVOLUTION_COST_S
     reason = (
         f"measured: {workload.steps:,} steps of {workload.n_atoms:,} atoms would save about "
         f"{saving:.0f} s against about {FUSED_CONVOLUTION_COST_S:.0f} s to generate and compile "
-        f"the kernels ({FUSED_CONVOLUTION_MEASURED}); {'on' if pays else 'off'}: on where the "
-        "saving pays for it; EngineConfig(fused_convolution=...) forces either"
+        f"the kernels ({measured}); {'on' if pays else 'off'}: on where the saving pays for it; "
+        "EngineConfig(fused_convolution=...) forces either"
     )
     return Decision(name, pays, reason, MEASURED)
 
