@@ -1010,6 +1010,22 @@ def test_the_own_convolution_where_its_saving_pays_for_its_compilation(plan_for:
     assert not off.engine_settings().fused_convolution
 
 
+def test_one_worker_where_the_compilation_was_recorded_here(plan_for):
+    compiled = {"atoms_per_system": (13824,), "species": (11, 17)}
+    config = EngineConfig(compile=True, backend="cueq")
+    cold = plan_for(config=config, **compiled)
+    assert cold.compile_workers is None
+    assert "not been compiled at this size here" in cold.decision("compile_workers").reason
+    assert "workers" not in cold.describe()
+    warm = plan_for(config=config, compile_cost_s=7.7, **compiled)
+    decision = warm.decision("compile_workers")
+    assert (warm.compile_workers, decision.source) == (1, "measured")
+    assert "28.8 against 23.1-23.4 s" in decision.reason
+    assert "  workers      1" in warm.describe()
+    uncompiled = plan_for(config=EngineConfig(compile=False), compile_cost_s=7.7, **compiled)
+    assert uncompiled.compile_workers is None
+
+
 def test_radial_tables_by_default_where_the_model_allows_them(plan_for: PlanFor) -> None:
     tabulable = workload(tabulable_radials=True)
     chosen = make_plan(tabulable, None, EVERYTHING)

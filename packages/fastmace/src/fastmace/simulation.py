@@ -59,6 +59,7 @@ from fastmace.resuming import (
 )
 from fastmace.runs import MDResult, RunRecord, RunSettings, SecondHalfMean
 from fastmace.runtime.compile_costs import CompileIdentity, record_cost_s
+from fastmace.runtime.compile_workers import inductor_workers
 from fastmace.runtime.process_clock import seconds_since_process_start
 from fastmace.vocabulary import SETUP_PROGRESS_ATOMS
 
@@ -110,6 +111,8 @@ class Simulation:
         started = time.perf_counter()
         self.called = started if called is None else called
         self.plan = plan  # when the run was planned (fm.md): its decisions are the engine's
+        # One compile worker where the plan expects Inductor's cache to hold the compilation.
+        self.compile_workers = plan.compile_workers if plan is not None else None
         self.engine_settings = engine_settings_for("Simulation", engine, plan, EngineSettings())
         # metadata.json's runner record (fastmace.runner.runner_record): in a child process?
         self.runner = runner or {"subprocess": False, "environment": []}
@@ -137,7 +140,8 @@ class Simulation:
         try:
             if restart is not None:
                 state = _state_from_restart(state, restart.payload)
-            md, force_field = self._first_forces(state, restart)
+            with inductor_workers(self.compile_workers):  # the first compiled call
+                md, force_field = self._first_forces(state, restart)
             self._record_compile_cost(model, plan)
             self._continue_from(restart, md, force_field)
             self._assemble_engine(md, state, force_field, restart, resume)
@@ -563,7 +567,8 @@ class Simulation:
         self.second_half = SecondHalfMean(settings.steps, self.start_step)
         speed = _Speed()
         try:
-            step, rows = self._run_blocks(progress, speed)
+            with inductor_workers(self.compile_workers):  # the fused step compiles here
+                step, rows = self._run_blocks(progress, speed)
         except BaseException as error:
             self._give_up(error, progress)
             raise

@@ -105,6 +105,14 @@ PAIR_TABLE_CONVOLUTION_MEASURED = (
     "H100, MH-1, compiled, tables per pair of elements: 8.12 against 9.58 ms per step at 1,728 "
     "atoms, 49.9 against 64.0 at 13,824 (2026-12-07); docs/design/convolution.md"
 )
+# A warm start (the model compiled at this size here before, so its kernels are in Inductor's
+# cache) with one compile worker instead of Inductor's pool (runtime/compile_workers.py).
+COMPILE_WORKERS_REASON = (
+    "measured: one compile worker, no pool: this model was compiled at this size here, so its "
+    "kernels come from Inductor's cache, and starting the pool cost a warm start more than "
+    "loading them in this process (H100, MP-0 medium, 13,824 atoms: 28.8 against 23.1-23.4 s "
+    "to the first step, 2026-12-07)"
+)
 # MACE-POLAR-1 (PolarMACE): why its step is neither captured nor compiled, and its backend.
 LONG_RANGE_EAGER_REASON = (
     "rule: a long-range model (MACE-POLAR-1) runs eagerly: graph-longrange sizes its k-space "
@@ -142,6 +150,7 @@ def make_plan(
     segments = _expandable_segments(config, availability, device.value)
     kernel_choice = _cueq_kernel_choice(workload, availability, device.value, backend.value)
     compiled = _compile(workload, config, device.value, backend.value, dtype.value)
+    workers = _compile_workers(workload, compiled.value)
     table = _radial_table(
         workload, config, device.value, dtype.value, backend.value, compiled.value
     )
@@ -155,6 +164,7 @@ def make_plan(
         _fused_convolution(workload, config, device.value, backend.value, table.value),
         graphs,
         compiled,
+        workers,
         _block_steps(workload, config),
         _skin(config),
         _edge_capacity(config),
@@ -493,6 +503,20 @@ def _compile(
         f"{COMPILE_MEASURED}); {'on' if pays else 'off'}: on where the saving pays for it"
     )
     return Decision("compile", pays, reason, MEASURED)
+
+
+def _compile_workers(workload: Workload, compiled: bool) -> Decision:
+    """One compile worker where the run's compilation is in Inductor's cache (runtime/
+    compile_workers.py); Inductor's pool of workers otherwise."""
+    name = "compile_workers"
+    if not compiled:
+        return Decision(name, None, "rule: nothing is compiled", RULE)
+    if workload.compile_cost_s is None:
+        return Decision(
+            name, None, "rule: Inductor's pool of compile workers: this model has not been "
+            "compiled at this size here, so its kernels are compiled in parallel", RULE,
+        )  # fmt: skip
+    return Decision(name, 1, COMPILE_WORKERS_REASON, MEASURED)
 
 
 def _block_steps(workload: Workload, config: EngineConfig) -> Decision:

@@ -192,6 +192,12 @@ class Plan:
         return self.value("device")
 
     @property
+    def compile_workers(self) -> int | None:
+        """Inductor's compile workers for the run (None: Inductor's own pool)."""
+        known = {decision.name for decision in self.decisions}
+        return self.value("compile_workers") if "compile_workers" in known else None
+
+    @property
     def backend(self) -> str:
         return self.value("backend")
 
@@ -356,6 +362,8 @@ class Plan:
         compiled = d("compile")
         graphs = f"{d('graphs').reason}; compile {_show(compiled.value)} ({compiled.reason})"
         line("graphs", self.graphs, graphs)
+        if self.compile_workers is not None:
+            line("workers", self.compile_workers, d("compile_workers").reason)
         line("block K", self.block_steps, d("block_steps").reason)
         capacity = "sized at the first build" if self.edge_capacity is None else self.edge_capacity
         edges = f"skin; edge capacity {capacity}, headroom {self.headroom:g}"
