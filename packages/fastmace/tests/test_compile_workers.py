@@ -1,4 +1,4 @@
-"""One compile worker on a warm start (runtime/compile_workers.py): Inductor compiles with the
+"""One compile worker on a warm start (dynamics/compile_workers.py): Inductor compiles with the
 count given inside the block and its own setting comes back after it. When the planner takes
 one worker: test_planner.py."""
 
@@ -8,7 +8,7 @@ import torch
 from torch._inductor import config
 from torch._inductor.async_compile import get_compile_threads
 
-from fastmace.runtime.compile_workers import inductor_workers
+from fastmace.dynamics.compile_workers import inductor_workers
 
 
 def _compiled_with_threads_seen(count: int | None) -> list[int]:

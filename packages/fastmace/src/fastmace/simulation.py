@@ -25,6 +25,7 @@ import torch
 from fastmace import assembly
 from fastmace.batching import check_open_apart
 from fastmace.dynamics.checks import check_structures
+from fastmace.dynamics.compile_workers import inductor_workers
 from fastmace.dynamics.dispersion import model_dispersion_functional
 from fastmace.dynamics.engine import Engine, generators_of, tensors_of
 from fastmace.dynamics.errors import GuardError, SimulationError
@@ -59,7 +60,6 @@ from fastmace.resuming import (
 )
 from fastmace.runs import MDResult, RunRecord, RunSettings, SecondHalfMean
 from fastmace.runtime.compile_costs import CompileIdentity, record_cost_s
-from fastmace.runtime.compile_workers import inductor_workers
 from fastmace.runtime.process_clock import seconds_since_process_start
 from fastmace.vocabulary import SETUP_PROGRESS_ATOMS
 

@@ -106,7 +106,7 @@ PAIR_TABLE_CONVOLUTION_MEASURED = (
     "atoms, 49.9 against 64.0 at 13,824 (2026-12-07); docs/design/convolution.md"
 )
 # A warm start (the model compiled at this size here before, so its kernels are in Inductor's
-# cache) with one compile worker instead of Inductor's pool (runtime/compile_workers.py).
+# cache) with one compile worker instead of Inductor's pool (dynamics/compile_workers.py).
 COMPILE_WORKERS_REASON = (
     "measured: one compile worker, no pool: this model was compiled at this size here, so its "
     "kernels come from Inductor's cache, and starting the pool cost a warm start more than "
