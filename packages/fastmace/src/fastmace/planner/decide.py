@@ -506,8 +506,8 @@ def _compile(
 
 
 def _compile_workers(workload: Workload, compiled: bool) -> Decision:
-    """One compile worker where the run's compilation is in Inductor's cache (runtime/
-    compile_workers.py); Inductor's pool of workers otherwise."""
+    """One compile worker where the run's compilation is in Inductor's cache
+    (dynamics/compile_workers.py); Inductor's pool of workers otherwise."""
     name = "compile_workers"
     if not compiled:
         return Decision(name, None, "rule: nothing is compiled", RULE)
