@@ -6,11 +6,10 @@
 # WHEEL_DIR holds our fastmace-oeq-ext wheel from tools/release/oeq_wheels/build.sh (and
 # optionally a fastmace wheel; otherwise one is built from this checkout). In a fresh venv it
 # installs torch and OpenEquivariance, then our two distributions from those local files only
-# and verifies the installed files are ours; shadows g++, c++, ninja and nvcc with sentinels
-# that log and fail; sets FASTMACE_OEQ_PREBUILT=1; runs `fastmace doctor` and a smoke run
-# (the demo model; on a GPU also the hybrid backend, checked against the e3nn model). It
-# requires the prebuilt extension to be selected (and, on a GPU, loaded) and the sentinel log
-# to be empty. gcc (C) stays on PATH: Triton compiles a C launcher stub, a separate need.
+# then check_install.sh: the installed files are ours; g++, c++, ninja and nvcc are shadowed
+# by sentinels that log and fail; with FASTMACE_OEQ_PREBUILT=1, `fastmace doctor` and a smoke
+# run (the demo model; on a GPU also the hybrid backend, checked against the e3nn model) must
+# find the prebuilt extension selected (and, on a GPU, loaded) and the sentinel log empty.
 #
 # CLEAN_INSTALL_TORCH (default torch==2.14.1): the torch the fresh venv gets first, as a user's
 # would have; the wheel's library for that torch's minor version must be the one chosen.
@@ -74,39 +73,6 @@ else
     # from the index. --find-links keeps a re-resolution on our file.
     "$venv/bin/pip" install "${pip_args[@]}" --find-links "$wheel_dir" "${core_wheel}[oeq]"
 fi
-"$venv/bin/python" "$root/tools/release/verify_installed.py" "$core_wheel" "$oeq_wheel"
-
-echo "== sentinels for g++, c++, ninja, nvcc"
-mkdir "$work/sentinels"
-log="$work/sentinels.log"
-: > "$log"
-for tool in g++ c++ ninja nvcc; do
-    printf '#!/bin/sh\necho "%s $*" >> "%s"\necho "clean_install: %s was called" >&2\nexit 1\n' \
-        "$tool" "$log" "$tool" > "$work/sentinels/$tool"
-    chmod +x "$work/sentinels/$tool"
-done
-export PATH="$work/sentinels:$venv/bin:$PATH"
-unset CXX CC CUDA_HOME CUDA_PATH
-export FASTMACE_OEQ_PREBUILT=1 FASTMACE_CACHE="$work/cache"
-[[ "$offline" == 1 ]] || export HOME="$work/home"
-
-echo "== fastmace doctor"
-set +e
-"$venv/bin/fastmace" doctor --no-hash | tee "$work/doctor.txt"
-set -e
-torch_minor="$("$venv/bin/python" -c 'import torch; print(".".join(torch.__version__.split(".")[:2]))')"
-grep -q "host extension: prebuilt (fastmace-oeq-ext .*, built for torch $torch_minor\." \
-    "$work/doctor.txt" || {
-    echo "clean_install: doctor did not select the prebuilt library for torch $torch_minor" >&2
-    exit 1
-}
-
-echo "== smoke run"
-"$venv/bin/python" "$root/tools/release/smoke_run.py"
-
-if [[ -s "$log" ]]; then
-    echo "clean_install: the toolchain was called:" >&2
-    cat "$log" >&2
-    exit 1
-fi
+CHECK_INSTALL_KEEP_HOME="$offline" bash "$root/tools/release/check_install.sh" \
+    "$venv" "$core_wheel" "$oeq_wheel"
 echo "== clean install passed: prebuilt extension selected, no compiler called"

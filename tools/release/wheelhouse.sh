@@ -11,7 +11,8 @@
 # requirement of "fastmace[oeq]" and of fastmace-oeq-ext (torch 2.14.1 with its CUDA wheels,
 # mace-torch, cuEquivariance, ...) from the index, as wheels. Our two names are never resolved
 # from the index, where an unrelated project uses them. At the end a fresh venv installs
-# "fastmace[oeq]" from DIR with the index switched off and imports it: the proof.
+# "fastmace[oeq]" from DIR with the index switched off and passes check_install.sh (the
+# prebuilt extension chosen, no compiler called, a smoke run): the proof.
 #
 # Environment: PYTHON (default python3.11: the wheels are for its version), EXTRAS (default
 # oeq), EXTRA_TORCH (more torches for fastmace-oeq-ext to hold a library for, e.g.
@@ -102,4 +103,8 @@ print('installed offline: fastmace', fastmace.__version__, '| fastmace-oeq-ext',
       m.version('fastmace-oeq-ext'), '| openequivariance', m.version('openequivariance'),
       '| torch', m.version('torch'))
 "
+# What a clean install must show (check_install.sh), on the offline install itself: our files,
+# the prebuilt extension chosen for this torch, no compiler called, a smoke run.
+bash "$root/tools/release/check_install.sh" "$work/offline" \
+    "$(ls "$dir"/fastmace-*.whl)" "$(ls "$dir"/fastmace_oeq_ext-*.whl)"
 echo "== $dir: $(ls "$dir" | wc -l) wheels, $(du -sh "$dir" | cut -f1)"
