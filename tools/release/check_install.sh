@@ -11,6 +11,8 @@
 # compiles a C launcher stub, a separate need. Used by clean_install.sh (a fresh venv per
 # torch) and by wheelhouse.sh (the venv installed offline from the wheelhouse).
 #
+# CHECK_INSTALL_BY_NAME=1: the two were installed by name from a directory of wheels (no
+# direct_url.json), so their installed files are compared with the wheels' instead.
 # CHECK_INSTALL_KEEP_HOME=1 keeps HOME (clean_install.sh's offline mode, which sees the
 # invoking Python's packages); otherwise HOME is a fresh directory.
 set -euo pipefail
@@ -26,7 +28,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-"$venv/bin/python" "$root/tools/release/verify_installed.py" "$core_wheel" "$oeq_wheel"
+# An install by name from a wheel directory (the wheelhouse's) is verified file by file.
+by_name=()
+[[ "${CHECK_INSTALL_BY_NAME:-0}" == 1 ]] && by_name=(--by-name)
+"$venv/bin/python" "$root/tools/release/verify_installed.py" "${by_name[@]}" "$core_wheel" "$oeq_wheel"
 
 echo "== sentinels for g++, c++, ninja, nvcc"
 mkdir "$work/sentinels"

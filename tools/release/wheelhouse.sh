@@ -105,6 +105,6 @@ print('installed offline: fastmace', fastmace.__version__, '| fastmace-oeq-ext',
 "
 # What a clean install must show (check_install.sh), on the offline install itself: our files,
 # the prebuilt extension chosen for this torch, no compiler called, a smoke run.
-bash "$root/tools/release/check_install.sh" "$work/offline" \
+CHECK_INSTALL_BY_NAME=1 bash "$root/tools/release/check_install.sh" "$work/offline" \
     "$(ls "$dir"/fastmace-*.whl)" "$(ls "$dir"/fastmace_oeq_ext-*.whl)"
 echo "== $dir: $(ls "$dir" | wc -l) wheels, $(du -sh "$dir" | cut -f1)"
