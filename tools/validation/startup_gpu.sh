@@ -1581,6 +1581,16 @@ mp0-medium/1728/fastmace-cueq-conv-table-compile" > "$OUT/crossover.log" 2>&1
   echo "start-up 13824, both warm, compile threads 1: exit $?"
   grep -h "^start-up" "$OUT"/startup-13824-one-thread/*.log | cut -c1-400
   ;;
+118)
+  # The planner's compile_workers on the GPU (dynamics/compile_workers.py): stage 116 again,
+  # where the warm run now compiles with one Inductor worker because the cold run recorded its
+  # compilation (stage 117: 28.8 s warm with the pool, 23.1-23.4 s with the environment's one
+  # worker for the whole process). The plan's "workers" line says it applied.
+  timeout 300 python3 benchmarks/startup_time.py --atoms 13824 --steps 2000 --timeout-s 150 \
+    --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
+  echo "start-up 13824 (default path, compiled, planner's compile workers): exit $?"
+  grep -h "^start-up\|  workers" "$OUT"/startup-13824/*.log | cut -c1-400
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
