@@ -94,6 +94,9 @@ def test_backend_reason_is_one_in_metadata_report_and_plan(tmp_path):
     assert f"backend:   {model['backend']}: {planned['reason']}\n" in result.report
     # The plan's K of 50, shortened to the thermo interval of 5: the report says both.
     assert document["plan"]["decisions"]["block_steps"]["value"] == 50
+    # Nothing compiled on the CPU: Inductor's setting is left alone, and the record says why.
+    workers = document["plan"]["decisions"]["compile_workers"]
+    assert (workers["value"], workers["reason"]) == (None, "rule: nothing is compiled")
     assert document["engine"]["block_steps"] == 5
     assert "engine:    5 steps per launch (the plan's K = 50, shortened" in result.report
     assert document["engine"]["radial_table_failure"] is None

@@ -163,6 +163,7 @@ def test_fm_relax_writes_its_directory_and_refuses_a_used_one(tmp_path):
     metadata = json.loads((output / "metadata.json").read_text())
     assert metadata["kind"] == "relaxation" and metadata["results"]["converged"] == [True]
     assert metadata["model"]["label"] == "demo-emt-cu"
+    assert metadata["engine"]["compile_workers"] is None  # the plan's: nothing compiled
     report = (output / "report.txt").read_text()
     assert "converged after" in report
     # The backend's reason is the plan's (nothing was asked for), in the report and metadata.

@@ -25,6 +25,7 @@ from ase.calculators.singlepoint import SinglePointCalculator
 from fastmace import assembly
 from fastmace.charges import PerSystemValue
 from fastmace.dynamics.checks import check_structures
+from fastmace.dynamics.compile_workers import inductor_workers
 from fastmace.dynamics.dispersion import model_dispersion_functional
 from fastmace.dynamics.engine import Engine
 from fastmace.dynamics.integrators.common import cell_volume
@@ -114,6 +115,8 @@ class Relaxation:
         )
         self.model, self.settings, self.max_steps = model, settings, max_steps
         self.plan = plan
+        # One compile worker where the plan expects Inductor's cache to hold the compilation.
+        self.compile_workers = plan.compile_workers if plan is not None else None
         own = EngineSettings(device=model.device, backend=model.backend)
         self.engine_settings = engine_settings_for("Relaxation", engine, plan, own)
         self.structures = [atoms.copy() for atoms in structures]
@@ -132,11 +135,12 @@ class Relaxation:
             state, self.potential, neighbours, stress=settings.cell, dispersion=self.dispersion,
             charges=self.charges, spins=self.spins,
         )  # fmt: skip
-        md = assembly.first_forces(
-            lambda: fire_init(state, force_field, settings, history=engine.block_steps),
-            force_field,
-            state,
-        )
+        with inductor_workers(self.compile_workers):  # the first compiled call
+            md = assembly.first_forces(
+                lambda: fire_init(state, force_field, settings, history=engine.block_steps),
+                force_field,
+                state,
+            )
         self.engine = Engine(
             md, fire_step, force_field, block_steps=engine.block_steps, capture=engine.graphs
         )
@@ -156,8 +160,9 @@ class Relaxation:
         status = self._log_block()
         said = False  # whether the line for the latest block has been shown
         while not all(status["converged"]) and self.engine.steps_done < self.max_steps:
-            self.engine.run_block(min(self.engine.block_steps,
-                                      self.max_steps - self.engine.steps_done))  # fmt: skip
+            with inductor_workers(self.compile_workers):  # the FIRE step compiles in the first
+                self.engine.run_block(min(self.engine.block_steps,
+                                          self.max_steps - self.engine.steps_done))  # fmt: skip
             status = self._log_block()
             said = False
             if self.progress is not None and time.perf_counter() - last_said >= _PROGRESS_EVERY_S:
@@ -329,6 +334,7 @@ class Relaxation:
             "engine": {
                 "block_steps": self.engine.block_steps,
                 "capture": self.engine.capture,
+                "compile_workers": self.compile_workers,
                 "regrowths": self.engine.regrowths,
                 "settings": self.engine_settings.to_dict(),
             },

@@ -194,8 +194,7 @@ class Plan:
     @property
     def compile_workers(self) -> int | None:
         """Inductor's compile workers for the run (None: Inductor's own pool)."""
-        known = {decision.name for decision in self.decisions}
-        return self.value("compile_workers") if "compile_workers" in known else None
+        return self.value("compile_workers")
 
     @property
     def backend(self) -> str:
