@@ -152,6 +152,18 @@ compiled_startup() {  # compiled_startup TIMEOUT RUN-TIMEOUT: fastmace md --comp
   grep -h "start-up" "$OUT"/startup-13824/*.log
 }
 
+default_startup() {  # default_startup TIMEOUT RUN-TIMEOUT NAME [OPTIONS...]: stages 116-118
+  # fastmace md at 13,824 atoms on today's default path: 2,000 steps so that the planner takes
+  # FastMACE's convolution (it pays from about 1,750), compile forced as the default takes it
+  # for long runs; cold then warm (OPTIONS: more startup_time.py options), into $OUT/NAME.
+  local limit=$1 run_limit=$2 name=$3
+  shift 3
+  timeout "$limit" python3 benchmarks/startup_time.py --atoms 13824 --steps 2000 \
+    --timeout-s "$run_limit" --out "$OUT/$name" --extra=--compile "$@" > "$OUT/$name.log" 2>&1
+  echo "start-up 13824 ($name, default path, compiled): exit $?"
+  grep -h "^start-up\|  workers" "$OUT/$name"/*.log | cut -c1-400
+}
+
 aot_startup() {  # aot_startup TIMEOUT RUN-TIMEOUT: the same, through a package compiled ahead of time
   timeout "$1" python3 benchmarks/startup_time.py --atoms 13824 --steps 200 --timeout-s "$2" \
     --ahead-of-time-on-cuda --out "$OUT/startup-13824-aot" --extra=--compile \
@@ -1555,14 +1567,10 @@ mp0-medium/1728/fastmace-cueq-conv-table-compile" > "$OUT/crossover.log" 2>&1
   ;;
 116)
   # Issue 31's warm start on today's default path at 13,824 atoms (tables, FastMACE's
-  # convolution, the stacked layers, compile): 2,000 steps so that the planner takes the
-  # convolution (it pays from about 1,750), compile forced as the default takes it for long
-  # runs; cold, warm, then warm again under cProfile and -X importtime (where the warm start
-  # goes; stage 81, before these parts: 20.5 s warm, 8.4 of it compilation).
-  timeout 420 python3 benchmarks/startup_time.py --atoms 13824 --steps 2000 --timeout-s 200 \
-    --profile-warm --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
-  echo "start-up 13824 (default path, compiled): exit $?"
-  grep -h "^start-up" "$OUT"/startup-13824/*.log | cut -c1-400
+  # convolution, the stacked layers, compile): cold, warm, then warm again under cProfile and
+  # -X importtime (where the warm start goes; stage 81, before these parts: 20.5 s warm, 8.4
+  # of it compilation).
+  default_startup 420 200 startup-13824 --profile-warm
   head -30 "$OUT/startup-13824/warm-profiled-top.txt" 2>/dev/null | cut -c1-160
   ;;
 117)
@@ -1570,26 +1578,16 @@ mp0-medium/1728/fastmace-cueq-conv-table-compile" > "$OUT/crossover.log" 2>&1
   # for 7.6 s): the same three runs with the warm profile kept whole (warm-profiled.pstats),
   # then two more warm starts on the same cache, one with Inductor's compile workers off
   # (TORCHINDUCTOR_COMPILE_THREADS=1: no worker pool to start for kernels already compiled).
-  timeout 330 python3 benchmarks/startup_time.py --atoms 13824 --steps 2000 --timeout-s 150 \
-    --profile-warm --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
-  echo "start-up 13824 (default path, compiled): exit $?"
+  default_startup 330 150 startup-13824 --profile-warm
   mv "$OUT/startup-13824/warm-profiled.prof" "$OUT/startup-13824/warm-profiled.pstats"
-  grep -h "^start-up" "$OUT"/startup-13824/*.log | cut -c1-400
-  TORCHINDUCTOR_COMPILE_THREADS=1 timeout 150 python3 benchmarks/startup_time.py --atoms 13824 \
-    --steps 2000 --timeout-s 70 --out "$OUT/startup-13824-one-thread" --extra=--compile \
-    > "$OUT/startup-13824-one-thread.log" 2>&1
-  echo "start-up 13824, both warm, compile threads 1: exit $?"
-  grep -h "^start-up" "$OUT"/startup-13824-one-thread/*.log | cut -c1-400
+  TORCHINDUCTOR_COMPILE_THREADS=1 default_startup 150 70 startup-13824-one-thread
   ;;
 118)
   # The planner's compile_workers on the GPU (dynamics/compile_workers.py): stage 116 again,
   # where the warm run now compiles with one Inductor worker because the cold run recorded its
   # compilation (stage 117: 28.8 s warm with the pool, 23.1-23.4 s with the environment's one
   # worker for the whole process). The plan's "workers" line says it applied.
-  timeout 300 python3 benchmarks/startup_time.py --atoms 13824 --steps 2000 --timeout-s 150 \
-    --out "$OUT/startup-13824" --extra=--compile > "$OUT/startup-13824.log" 2>&1
-  echo "start-up 13824 (default path, compiled, planner's compile workers): exit $?"
-  grep -h "^start-up\|  workers" "$OUT"/startup-13824/*.log | cut -c1-400
+  default_startup 300 150 startup-13824
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
