@@ -3,12 +3,13 @@
 Runs the real command line twice on the same structure (rattled rock-salt NaCl, MP-0-medium
 template, float32, cuEq, a few steps, no trajectory): the first run fills the cache, the
 second is the warm start the performance issue targets (``--profile-warm``: a third run, warm
-again, under cProfile and ``-X importtime``, so that the first two keep their own timing). The
-phases come from each run's
-metadata.json ``timings`` (docs/output.md: load, gate, setup, first block, capture, and the
-time from the process's start to the end of the first block), so they are what every user's
-run records. ``--profile`` also runs each child under ``cProfile`` (which slows Python code)
-and keeps its largest cumulative times.
+again, under cProfile and ``-X importtime``, so that the first two keep their own timing;
+``--frames-warm``: one more that prints each frame Dynamo compiled, with its times and guards;
+``--lists-warm``: that again with cuEquivariance's path tables left as lists). The phases come
+from each run's metadata.json ``timings`` (docs/output.md: load, gate, setup, first block,
+capture, and the time from the process's start to the end of the first block), so they are
+what every user's run records. ``--profile`` also runs each child under ``cProfile`` (which
+slows Python code) and keeps its largest cumulative times.
 
     python benchmarks/startup_time.py --atoms 13824 --out $OUT/startup
 """
@@ -99,6 +100,31 @@ AOT_ON_CUDA = (
     "potential.AHEAD_OF_TIME_DEVICES = ('cpu', 'cuda'); "
     "from fastmace.cli.main import main; sys.exit(main())"
 )
+# ``--frames-warm``: the command line with, at exit, one line per frame Dynamo compiled (where
+# a warm start's tracing and cache loads go, frame by frame; torch's own compilation metrics).
+FRAMES_REPORT = (
+    "import atexit, sys\n"
+    "def report():\n"
+    "    from torch._dynamo.utils import get_compilation_metrics\n"
+    "    for m in get_compilation_metrics():\n"
+    "        us = lambda value: (value or 0) / 1e6\n"
+    "        print(f'frame: {m.entire_frame_compile_time_s or 0:7.2f} s whole, '\n"
+    "              f'dynamo {us(m.dynamo_cumulative_compile_time_us):6.2f}, '\n"
+    "              f'aot {us(m.aot_autograd_cumulative_compile_time_us):6.2f}, '\n"
+    "              f'inductor {us(m.inductor_cumulative_compile_time_us):6.2f}, '\n"
+    "              f'ops {m.graph_op_count}, guards {m.guard_count}, '\n"
+    "              f'fx hits {m.inductor_fx_local_cache_hit_count}, '\n"
+    "              f'aot hits {m.aotautograd_local_cache_hit_count} '\n"
+    "              f'{m.co_name} {m.co_filename}:{m.co_firstlineno} '\n"
+    '              f\'{m.fail_reason or ""} {m.restart_reasons or ""}\', flush=True)\n'
+    "atexit.register(report)\n"
+)
+RUN_MAIN = "from fastmace.cli.main import main; sys.exit(main())"
+# ``--lists-warm``: the same, with cuEquivariance's path tables left as the lists it makes
+# (models/cueq_constants.py switched off): what the tuples save, on the same machine.
+LISTS_PROBE = (
+    "import fastmace.models.load as load\nload.path_tables_as_constants = lambda model: 0\n"
+)
 
 
 def startup_cases(summary: dict) -> list[dict]:
@@ -114,15 +140,16 @@ def startup_cases(summary: dict) -> list[dict]:
             continue
         phases = run["phases_s"]
         rate = phases.get("steps_per_s")
+        probe = ["lists"] if run["run"] == "warm-lists" else []  # a probe, not the default path
         cases.append({
             "model": "mp0-medium",
             "atoms": summary["atoms"],
             "path": "fastmace-md",
-            "variant": "-".join(forced) or "default",
+            "variant": "-".join(forced + probe) or "default",
             "status": "ok" if run["exit"] == 0 and phases else "failed",
             "ms_per_step": round(1000 / rate, 3) if rate else None,
             "to_first_step_s": phases.get("process_to_first_step_s"),
-            "cache": run["run"],
+            "cache": "cold" if run["run"] == "cold" else "warm",
             "peak_gib": None,
         })  # fmt: skip
     return cases
@@ -142,6 +169,16 @@ def main() -> None:
         action="store_true",
         help="a third run, warm, under cProfile and -X importtime (where a warm start goes)",
     )
+    parser.add_argument(
+        "--frames-warm",
+        action="store_true",
+        help="one more warm run that prints each frame Dynamo compiled, with its times",
+    )
+    parser.add_argument(
+        "--lists-warm",
+        action="store_true",
+        help="one more such run with cuEquivariance's path tables left as lists",
+    )
     parser.add_argument("--timeout-s", type=float, default=240.0, help="per run")
     parser.add_argument("--extra", nargs="*", default=[], help="more fastmace md options")
     parser.add_argument(
@@ -154,7 +191,8 @@ def main() -> None:
     structure = args.out / f"nacl-{args.atoms}.extxyz"
     ase.io.write(structure, nacl(args.atoms))
     runs = []
-    names = ("cold", "warm", "warm-profiled") if args.profile_warm else ("cold", "warm")
+    names = ["cold", "warm"] + ["warm-profiled"] * args.profile_warm
+    names += ["warm-frames"] * args.frames_warm + ["warm-lists"] * args.lists_warm
     for name in names:
         profile = args.out / f"{name}.prof"
         profiled = args.profile or name == "warm-profiled"
@@ -165,6 +203,10 @@ def main() -> None:
         launcher = ["-m", "fastmace", "md"]
         if args.ahead_of_time_on_cuda:
             launcher = ["-c", AOT_ON_CUDA, "md"]
+        elif name == "warm-frames":
+            launcher = ["-c", FRAMES_REPORT + RUN_MAIN, "md"]
+        elif name == "warm-lists":
+            launcher = ["-c", FRAMES_REPORT + LISTS_PROBE + RUN_MAIN, "md"]
         command = [
             sys.executable, *profiler, *launcher,
             str(structure), "--model", "template:mp0-medium", "--dtype", "float32",

@@ -161,7 +161,7 @@ default_startup() {  # default_startup TIMEOUT RUN-TIMEOUT NAME [OPTIONS...]: st
   timeout "$limit" python3 benchmarks/startup_time.py --atoms 13824 --steps 2000 \
     --timeout-s "$run_limit" --out "$OUT/$name" --extra=--compile "$@" > "$OUT/$name.log" 2>&1
   echo "start-up 13824 ($name, default path, compiled): exit $?"
-  grep -h "^start-up\|  workers" "$OUT/$name"/*.log | cut -c1-400
+  grep -H "^start-up\|  workers" "$OUT/$name"/*.log | sed "s|^$OUT/$name/||" | cut -c1-400
 }
 
 aot_startup() {  # aot_startup TIMEOUT RUN-TIMEOUT: the same, through a package compiled ahead of time
@@ -1588,6 +1588,17 @@ mp0-medium/1728/fastmace-cueq-conv-table-compile" > "$OUT/crossover.log" 2>&1
   # compilation (stage 117: 28.8 s warm with the pool, 23.1-23.4 s with the environment's one
   # worker for the whole process). The plan's "workers" line says it applied.
   default_startup 300 150 startup-13824
+  ;;
+119)
+  # cuEquivariance's path tables as tuples (models/cueq_constants.py; on the CPU MP-0 medium's
+  # first symmetric contraction traced in 0.7 s with 153 guards against 4.7 s with 22,450):
+  # the GPU test, then stage 118's start-up (its warm runs take the planner's one compile
+  # worker) with two more warm runs printing each frame Dynamo compiled, the second with the
+  # tables left as lists, on the same machine and cache.
+  gpu_tests 119 150 "$tests/test_cueq_constants_gpu.py"
+  default_startup 330 120 startup-13824 --frames-warm --lists-warm
+  grep -h "^frame:" "$OUT/startup-13824/warm-frames.log" "$OUT/startup-13824/warm-lists.log" \
+    | cut -c1-260
   ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.

@@ -20,6 +20,7 @@ from fastmace.models.checkpoint import (
     load_checkpoint,
     model_dtype,
 )
+from fastmace.models.cueq_constants import path_tables_as_constants
 from fastmace.models.files import (
     ModelFile,
     check_trust_options,
@@ -224,6 +225,9 @@ def load(
             )
             converted_cache.write_source(key, record)
         reference_loader = functools.partial(_given, reference)
+    # One constant per cuEquivariance path table rather than one per element: seconds of
+    # tracing saved at every compiled start (cueq_constants).
+    path_tables_as_constants(converted)
     if file is not None:
         file = file.without_content()  # loaded: keep the record, not the bytes
     origin: dict = {"model": text, "head": head, "seed": seed}
