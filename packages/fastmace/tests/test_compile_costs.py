@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from fastmace.runtime.compile_costs import CompileIdentity, record_cost_s, recorded_cost_s
+from fastmace.runtime.compile_costs import (
+    CompileIdentity,
+    compiled_code_kept,
+    record_cost_s,
+    recorded_cost_s,
+    warm_cost_s,
+)
 
 IDENTITY = CompileIdentity(
     model_hash="0" * 64, backend="cueq", dtype="float32", n_atoms=13_824, gpu="NVIDIA H200",
@@ -92,3 +99,30 @@ def test_an_unwritable_cache_is_no_error(cache: Path) -> None:
     (cache / "compile").write_text("a file where the directory would be")
     assert record_cost_s(IDENTITY, 3.0) is False
     assert recorded_cost_s(IDENTITY) is None
+
+
+def test_a_record_is_a_warm_figure_only_while_compiled_code_is_kept(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner reads a record (one compile worker, the warm cost) only while the files it
+    was measured with are there: Inductor's graphs, or a package compiled ahead of time."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert record_cost_s(IDENTITY, 7.7)
+    assert recorded_cost_s(IDENTITY) == 7.7
+    assert not compiled_code_kept() and warm_cost_s(IDENTITY) is None  # emptied by hand
+    (cache / "inductor" / "fxgraph" / "ab").mkdir(parents=True)
+    assert warm_cost_s(IDENTITY) is None  # directories alone hold nothing
+    (cache / "inductor" / "fxgraph" / "ab" / "entry").write_bytes(b"graph")
+    assert compiled_code_kept() and warm_cost_s(IDENTITY) == 7.7
+    shutil.rmtree(cache / "inductor")
+    (cache / "compile" / "aot").mkdir(parents=True)
+    (cache / "compile" / "aot" / "model.pt2").write_bytes(b"package")
+    assert warm_cost_s(IDENTITY) == 7.7
+    # Inductor pointed elsewhere by the user: its graphs are looked for there.
+    elsewhere = cache.parent / "elsewhere"
+    (elsewhere / "fxgraph" / "cd").mkdir(parents=True)
+    (elsewhere / "fxgraph" / "cd" / "entry").write_bytes(b"graph")
+    (cache / "compile" / "aot" / "model.pt2").unlink()
+    assert warm_cost_s(IDENTITY) is None
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(elsewhere))
+    assert warm_cost_s(IDENTITY) == 7.7

@@ -138,7 +138,7 @@ def _model_facts(loaded: LoadedModel, plan: Plan) -> Workload:
 
     from fastmace.dynamics.pair_table import pair_table_refusal
     from fastmace.dynamics.radial_table import table_refusal
-    from fastmace.runtime.compile_costs import recorded_cost_s
+    from fastmace.runtime.compile_costs import warm_cost_s
     from fastmace.simulation import compile_identity
     from fastmace.vocabulary import LONG_RANGE_MODEL_TYPES
 
@@ -149,7 +149,7 @@ def _model_facts(loaded: LoadedModel, plan: Plan) -> Workload:
         long_range=loaded.description.model_type in LONG_RANGE_MODEL_TYPES,
         tabulable_radials=distance_alone or per_pair,
         radials_per_element_pair=per_pair,
-        compile_cost_s=recorded_cost_s(compile_identity(loaded, plan)),
+        compile_cost_s=warm_cost_s(compile_identity(loaded, plan)),
     )
 
 

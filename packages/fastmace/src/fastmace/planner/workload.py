@@ -90,7 +90,8 @@ class Workload:
     the elements too (MH-1); known once loaded."""
     compile_cost_s: float | None = None
     """Seconds the last compilation of this model at this size took on this machine (the
-    cache's compile record, fastmace.runtime.compile_costs); None: never compiled here."""
+    cache's compile record, fastmace.runtime.compile_costs); None: never compiled here, or
+    the compiled code it found is no longer in the cache."""
 
     def __post_init__(self) -> None:
         atoms = tuple(self.atoms_per_system)

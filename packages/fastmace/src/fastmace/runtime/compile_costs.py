@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fastmace.runtime.cache import CacheLocationError, cache_dir, cache_root
+from fastmace.runtime.environment import compiled_graphs_directory
 
 COSTS = ("compile", "costs")
 FORMAT = 1
@@ -67,6 +68,33 @@ def recorded_cost_s(
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         return None
     return float(seconds) if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def warm_cost_s(
+    identity: CompileIdentity, environ: Mapping[str, str] | None = None
+) -> float | None:
+    """:func:`recorded_cost_s`, but only while the cache root still holds compiled code
+    (Inductor's graphs, or a package compiled ahead of time): a record describes a compilation
+    that found those files, so with them gone (the cache emptied by hand, or Inductor pointed
+    elsewhere) the next compilation is a cold one and the record says nothing about it."""
+    return recorded_cost_s(identity, environ) if compiled_code_kept(environ) else None
+
+
+def compiled_code_kept(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether Inductor's graph cache or the packages compiled ahead of time hold any file."""
+    env = os.environ if environ is None else environ
+    try:
+        root = cache_root(environ).path
+    except CacheLocationError:
+        return False
+    graphs = compiled_graphs_directory(root, env) / "fxgraph"
+    for directory in (graphs, root / "compile" / "aot"):
+        try:
+            if any(path.is_file() for path in directory.rglob("*")):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def record_cost_s(
