@@ -1600,6 +1600,16 @@ mp0-medium/1728/fastmace-cueq-conv-table-compile" > "$OUT/crossover.log" 2>&1
   grep -h "^frame:" "$OUT/startup-13824/warm-frames.log" "$OUT/startup-13824/warm-lists.log" \
     | cut -c1-260
   ;;
+120)
+  # The default path's rows of issue 30's table with today's planner (MH-1's pair tables inside
+  # FastMACE's convolution from 1,728 atoms; cuEquivariance's path tables as tuples), the
+  # defaults first: the budget stops new cases.
+  timeout 400 python3 benchmarks/md_speed.py --out "$OUT/defaults" --budget-s 380 \
+    --case-timeout-s 150 --only "mh-1/1728/fastmace-default,mh-1/216/fastmace-default,\
+mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default,mp0-medium/1728/fastmace-default" \
+    > "$OUT/defaults.log" 2>&1
+  echo "defaults: exit $?"; grep -E "ms/step|Error|error" "$OUT/defaults.log" | tail -8
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
