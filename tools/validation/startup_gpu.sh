@@ -1610,6 +1610,15 @@ mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default,mp0-medium/172
     > "$OUT/defaults.log" 2>&1
   echo "defaults: exit $?"; grep -E "ms/step|Error|error" "$OUT/defaults.log" | tail -8
   ;;
+121)
+  # Stage 118 once more, now that the compile cost is recorded after the first block (stage
+  # 119's warm runs found no record: with FastMACE's own kernels the first forces run eagerly,
+  # and the record was only written after them). Each run also steps 2,000 times (about 30 s):
+  # 150 s a run. The warm runs' plans should show "workers 1"; the second prints its frames.
+  gpu_tests 121 150 "$tests/test_cueq_constants_gpu.py"
+  default_startup 420 150 startup-13824 --frames-warm
+  grep -h "^frame:" "$OUT/startup-13824/warm-frames.log" | cut -c1-220
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
