@@ -30,7 +30,12 @@ from fastmace.models.files import model_directories, scan_model_files
 from fastmace.oeq import toolchain
 from fastmace.oeq.choice import PREBUILT, UNAVAILABLE, choose_host_extension
 from fastmace.runtime import environment
-from fastmace.runtime.cache import CacheLocationError, check_cache_root, locate_cache_root
+from fastmace.runtime.cache import (
+    AHEAD_OF_TIME_PACKAGES,
+    CacheLocationError,
+    check_cache_root,
+    locate_cache_root,
+)
 from fastmace.runtime.driver import nvidia_driver_version
 from fastmace.runtime.mounts import Mount, nfs_mount_of, read_mount_table
 from fastmace.runtime.stale_locks import find_stale_locks, removal_command
@@ -420,7 +425,7 @@ def check_startup_cache(ctx: DoctorContext) -> str:
         ),
         ("cuEquivariance descriptors", root / "compile" / "cueq"),
         ("converted models", root / "compile" / "converted"),
-        ("potentials compiled ahead of time", root / "compile" / "aot"),
+        ("potentials compiled ahead of time", root.joinpath(*AHEAD_OF_TIME_PACKAGES)),
     )
     parts = []
     for name, place in places:

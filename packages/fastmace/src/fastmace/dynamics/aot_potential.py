@@ -47,7 +47,6 @@ from fastmace.runtime import cache, environment, vouched
 
 # Changed whenever the traced function's inputs or outputs change: old packages no longer match.
 FORMAT = 2
-PACKAGES = ("compile", "aot")
 MIN_PADDING_NODES = 2  # see _inputs
 # The libraries whose kernels or modules end up inside a package.
 _LIBRARIES = (
@@ -112,7 +111,7 @@ def artefact_key(identity: dict[str, object]) -> str:
 
 def package_path(key: str) -> Path:
     """``<cache root>/compile/aot/<key>.pt2``."""
-    return cache.cache_dir(*PACKAGES) / f"{key}.pt2"
+    return cache.cache_dir(*cache.AHEAD_OF_TIME_PACKAGES) / f"{key}.pt2"
 
 
 class AotEvaluation:

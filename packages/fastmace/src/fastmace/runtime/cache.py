@@ -21,6 +21,8 @@ APP_NAME = "fastmace"
 # The cache's sub-directories; see docs/environment.md for what each holds.
 # "compile" holds cuEquivariance's descriptors and what each compilation cost (compile_costs).
 KINDS = frozenset({"triton", "inductor", "oeq", "models", "handoff", "compile"})
+# Where potentials compiled ahead of time are kept (dynamics/aot_potential.py), under the root.
+AHEAD_OF_TIME_PACKAGES = ("compile", "aot")
 
 
 class CacheLocationError(RuntimeError):

@@ -23,7 +23,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fastmace.runtime.cache import CacheLocationError, cache_dir, cache_root
+from fastmace.runtime.cache import (
+    AHEAD_OF_TIME_PACKAGES,
+    CacheLocationError,
+    cache_dir,
+    cache_root,
+)
 from fastmace.runtime.environment import compiled_graphs_directory
 
 COSTS = ("compile", "costs")
@@ -88,7 +93,7 @@ def compiled_code_kept(environ: Mapping[str, str] | None = None) -> bool:
     except CacheLocationError:
         return False
     graphs = compiled_graphs_directory(root, env) / "fxgraph"
-    for directory in (graphs, root / "compile" / "aot"):
+    for directory in (graphs, root.joinpath(*AHEAD_OF_TIME_PACKAGES)):
         try:
             if any(path.is_file() for path in directory.rglob("*")):
                 return True
