@@ -119,6 +119,15 @@ def test_startup_line_names_each_part_and_the_path() -> None:
         "set-up 4.5 s (compilation 3.9 s), first block 1.0 s, other 0.5 s; "
         "running cueq float32 on cuda, compiled, radial tables"
     )
+    # With FastMACE's own kernels the set-up's first forces run eagerly (the first-state
+    # check): the compilation is said where it happened, in the first block.
+    timings = {"check_s": 0.2, "to_first_step_s": 9.0, "setup_s": 3.0,
+               "first_outputs_s": 1.5, "first_block_s": 4.3}  # fmt: skip
+    line = startup_line("cueq", timings, compile_s=3.6, compiled_in="first_block_s")
+    assert line == (
+        "start-up 9.0 s to the first step: request check 0.2 s, set-up 3.0 s, "
+        "step 0's outputs 1.5 s, first block 4.3 s (compilation 3.6 s); running cueq"
+    )
     # fm.md called from Python: no process start to count from, no gate, nothing left over.
     line = startup_line("e3nn", {"to_first_step_s": 3.0, "setup_s": 2.0, "first_block_s": 1.0})
     assert line == "start-up 3.0 s to the first step: set-up 2.0 s, first block 1.0 s; running e3nn"

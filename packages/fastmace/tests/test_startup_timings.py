@@ -43,7 +43,7 @@ def test_fastmace_md_records_each_start_up_phase(clean_env, tmp_path):
     wall = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-3000:]
     timings = json.loads((output / "metadata.json").read_text())["timings"]
-    names = ("plan_s", "load_s", "setup_s", "first_block_s")
+    names = ("check_s", "plan_s", "load_s", "setup_s", "first_outputs_s", "first_block_s")
     phases = sum(timings[name] for name in names)
     assert all(timings[name] > 0 for name in names)
     # Each phase's timed parts happen inside it.

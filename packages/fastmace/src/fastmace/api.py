@@ -377,7 +377,9 @@ def md(
     planned_s = time.perf_counter() - tick  # torch's import and the machine's probe included
     with _planned_environment(plan):
         prepared = _load_and_gate(call, plan, settings)
-        prepared.phases = {"plan_s": planned_s, **prepared.phases}
+        # The request's checks (structures read and checked) came before the plan.
+        checked_s = tick - call.called
+        prepared.phases = {"check_s": checked_s, "plan_s": planned_s, **prepared.phases}
         parts = _partition(call, prepared)
         return _run_parts(call, settings, prepared, parts, progress)
 

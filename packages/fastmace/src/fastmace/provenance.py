@@ -382,10 +382,12 @@ def _dispersion_summary(term: Any) -> str:
 
 # The start-up phases in the order they happen, as metadata.json's timings names them.
 STARTUP_PHASES = (
+    ("check_s", "request check"),
     ("plan_s", "plan"),
     ("load_s", "load"),
     ("gate_s", "gate"),
     ("setup_s", "setup"),
+    ("first_outputs_s", "step 0's outputs"),
     ("first_block_s", "first block"),
     ("capture_s", "capture"),
 )

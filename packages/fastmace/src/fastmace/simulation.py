@@ -143,6 +143,7 @@ class Simulation:
                 state = _state_from_restart(state, restart.payload)
             with inductor_workers(self.compile_workers):  # the first compiled call
                 md, force_field = self._first_forces(state, restart)
+            self._compiled_in_setup = self.potential.first_compiled_call_s is not None
             self._record_compile_cost(model, plan)
             self._continue_from(restart, md, force_field)
             self._assemble_engine(md, state, force_field, restart, resume)
@@ -585,7 +586,10 @@ class Simulation:
         rows: list[dict[str, Any]] = []
         # A resumed run's restart step is already in the files (cut back to it on resume).
         if step == 0 and self.output is not None and self.output.restart is None:
+            tick = time.perf_counter()
             rows = self._write_outputs(0, final=total == 0)
+            # Part of the start-up: step 0's thermo row evaluates the stress eagerly.
+            self.timings["first_outputs_s"] = time.perf_counter() - tick
         while step < total:
             steps = min(self.block_steps, total - step)
             self._follow_schedule(step, steps)
@@ -615,7 +619,9 @@ class Simulation:
             self._time_first_step()
             startup = {**self.timings, "first_block_s": elapsed}
             compile_s = self.potential.first_compiled_call_s
-            progress.note(startup_line(self._path_text(), startup, compile_s))
+            # The first compiled call was the set-up's first forces, or else in this block.
+            where = "setup_s" if self._compiled_in_setup else "first_block_s"
+            progress.note(startup_line(self._path_text(), startup, compile_s, where))
             self._record_compile_cost(self.model, self.plan)
         elif steady:
             if not speed.steady_steps:

@@ -162,10 +162,12 @@ class Progress:
 
 # metadata.json's start-up phases (docs/output.md), as the start-up line names them.
 _STARTUP_PARTS = (
+    ("check_s", "request check"),
     ("plan_s", "plan"),
     ("load_s", "model"),
     ("gate_s", "gate"),
     ("setup_s", "set-up"),
+    ("first_outputs_s", "step 0's outputs"),
     ("first_block_s", "first block"),
 )
 
@@ -178,11 +180,17 @@ def setup_note(stream: TextIO | None, text: str) -> None:
     out.flush()
 
 
-def startup_line(path: str, timings: Mapping[str, float], compile_s: float | None = None) -> str:
+def startup_line(
+    path: str,
+    timings: Mapping[str, float],
+    compile_s: float | None = None,
+    compiled_in: str = "setup_s",
+) -> str:
     """The line a run prints after its first block: how long start-up took, by part, and which
     path runs. ``timings`` are metadata.json's (``to_first_step_s`` and the phases; with
     ``process_to_first_step_s``, what came before the request: Python, imports, the input);
-    ``compile_s`` is the first compiled call's share of the set-up."""
+    ``compile_s`` is the first compiled call's share of the part ``compiled_in`` (the set-up's
+    first forces, or the first block where those ran eagerly)."""
     total = timings.get("process_to_first_step_s") or timings.get("to_first_step_s", 0.0)
     parts = []
     if "process_to_first_step_s" in timings and "to_first_step_s" in timings:
@@ -193,7 +201,7 @@ def startup_line(path: str, timings: Mapping[str, float], compile_s: float | Non
         if key in timings:
             counted += timings[key]
             text = f"{name} {timings[key]:.1f} s"
-            if key == "setup_s" and compile_s is not None:
+            if key == compiled_in and compile_s is not None:
                 text += f" (compilation {compile_s:.1f} s)"
             parts.append(text)
     other = timings.get("to_first_step_s", 0.0) - counted
