@@ -1619,6 +1619,11 @@ mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default,mp0-medium/172
   default_startup 420 150 startup-13824 --frames-warm
   grep -h "^frame:" "$OUT/startup-13824/warm-frames.log" | cut -c1-220
   ;;
+122)
+  # Stage 108's million atoms alone, for a session with few device minutes left (H200 only).
+  timeout -k 20 290 python3 benchmarks/large_cells.py --atoms 1000000 \
+    --out "$OUT/million" 2>&1 | grep -E "^\{|Error" | cut -c1-1500
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
