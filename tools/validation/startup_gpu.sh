@@ -1624,6 +1624,21 @@ mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default,mp0-medium/172
   timeout -k 20 290 python3 benchmarks/large_cells.py --atoms 1000000 \
     --out "$OUT/million" 2>&1 | grep -E "^\{|Error" | cut -c1-1500
   ;;
+123)
+  # Why fastmace md steps slower than md_speed.py's "default" case on the same H100 (15.7
+  # against 13.5 ms at 13,824 atoms): md_speed.py does not apply the plan's environment, whose
+  # CUEQUIVARIANCE_OPS_U1D_ALGOS=2 fixes cuEquivariance's kernel choice (measured within 1 %
+  # in 2026-12-01's slower step). The same case without and with it, one process each.
+  for algos in unset 2; do
+    if [ "$algos" = unset ]; then unset CUEQUIVARIANCE_OPS_U1D_ALGOS
+    else export CUEQUIVARIANCE_OPS_U1D_ALGOS=$algos; fi
+    timeout 150 python3 benchmarks/md_speed.py --out "$OUT/algos-$algos" --budget-s 140 \
+      --case-timeout-s 140 --only "mp0-medium/13824/fastmace-default" \
+      > "$OUT/algos-$algos.log" 2>&1
+    echo "U1D_ALGOS $algos: exit $?"; grep -E "ms/step|Error|error" "$OUT/algos-$algos.log" | tail -3
+  done
+  unset CUEQUIVARIANCE_OPS_U1D_ALGOS
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
