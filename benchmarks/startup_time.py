@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import pstats
+import re
 import subprocess
 import sys
 import time
@@ -127,6 +128,23 @@ LISTS_PROBE = (
 )
 
 
+def output_of(expired: subprocess.TimeoutExpired) -> str:
+    """What a run stopped by the time limit had printed (bytes there, whatever ``text`` says)."""
+    parts = (expired.stdout, expired.stderr)
+    return "".join(p.decode(errors="replace") if isinstance(p, bytes) else p or "" for p in parts)
+
+
+# The line `fastmace md` prints after its first block (fastmace.io.progress.startup_line).
+FIRST_STEP_LINE = re.compile(r"^start-up ([0-9.]+) s to the first step", re.M)
+
+
+def first_step_from_log(log: str) -> float | None:
+    """Seconds from the process's start to the first step, as the run printed them: for a
+    run stopped by ``--timeout-s`` after its first step, whose metadata.json was not final."""
+    found = FIRST_STEP_LINE.search(log)
+    return float(found.group(1)) if found else None
+
+
 def startup_cases(summary: dict) -> list[dict]:
     """Each run as a ``cases`` entry (the md_speed shape, with ``to_first_step_s`` from the
     process's start and ``cache``): variant "default" when no option was forced, else the
@@ -141,7 +159,7 @@ def startup_cases(summary: dict) -> list[dict]:
         phases = run["phases_s"]
         rate = phases.get("steps_per_s")
         probe = ["lists"] if run["run"] == "warm-lists" else []  # a probe, not the default path
-        cases.append({
+        case = {
             "model": "mp0-medium",
             "atoms": summary["atoms"],
             "path": "fastmace-md",
@@ -151,7 +169,12 @@ def startup_cases(summary: dict) -> list[dict]:
             "to_first_step_s": phases.get("process_to_first_step_s"),
             "cache": "cold" if run["run"] == "cold" else "warm",
             "peak_gib": None,
-        })  # fmt: skip
+        }
+        # Stopped by the time limit after its first step: its start-up was measured in full.
+        if run["exit"] is None and run.get("first_step_s") is not None:
+            case.update(status="ok", to_first_step_s=run["first_step_s"],
+                        note="stopped by --timeout-s after its first step")  # fmt: skip
+        cases.append(case)
     return cases
 
 
@@ -218,7 +241,7 @@ def main() -> None:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
             exit_code, log = done.returncode, done.stdout + done.stderr
         except subprocess.TimeoutExpired as expired:
-            exit_code, log = None, f"timed out after {args.timeout_s} s\n{expired.stderr or ''}"
+            exit_code, log = None, f"timed out after {args.timeout_s} s\n{output_of(expired)}"
         wall = time.perf_counter() - start
         if args.importtime or name == "warm-profiled":
             imports = largest_imports(log)
@@ -232,6 +255,7 @@ def main() -> None:
             "exit": exit_code,
             "wall_s": round(wall, 2),
             "phases_s": phase_times(run_directory),
+            "first_step_s": first_step_from_log(log),
         }
         if profile.exists():
             (args.out / f"{name}-top.txt").write_text("\n".join(top_functions(profile)) + "\n")
