@@ -1639,6 +1639,21 @@ mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default,mp0-medium/172
   done
   unset CUEQUIVARIANCE_OPS_U1D_ALGOS
   ;;
+124)
+  # The planner's one compile worker (set around the set-up and the run) against
+  # TORCHINDUCTOR_COMPILE_THREADS=1 for the whole process (stage 117: 23.1-23.4 s against 28.8
+  # s with the pool, on another machine; stage 121 with the planner's worker: 33.9-36.2 s):
+  # a cold run and a warm one with the planner's worker, then two warm runs with the variable
+  # (each startup_time.py call makes two runs of about 65 s; stage 125 follows on the same
+  # machine with two more of the planner's).
+  default_startup 260 150 startup-13824
+  TORCHINDUCTOR_COMPILE_THREADS=1 default_startup 300 140 env-worker
+  ;;
+125)
+  # Stage 124's second half, on its machine and cache: two more warm runs with the planner's
+  # one worker.
+  default_startup 300 140 plan-worker
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
