@@ -1625,32 +1625,17 @@ mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default,mp0-medium/172
     --out "$OUT/million" 2>&1 | grep -E "^\{|Error" | cut -c1-1500
   ;;
 123)
-  # Why fastmace md steps slower than md_speed.py's "default" case on the same H100 (15.7
-  # against 13.5 ms at 13,824 atoms): md_speed.py does not apply the plan's environment, whose
-  # CUEQUIVARIANCE_OPS_U1D_ALGOS=2 fixes cuEquivariance's kernel choice (measured within 1 %
-  # in 2026-12-01's slower step). The same case without and with it, one process each.
-  for algos in unset 2; do
-    if [ "$algos" = unset ]; then unset CUEQUIVARIANCE_OPS_U1D_ALGOS
-    else export CUEQUIVARIANCE_OPS_U1D_ALGOS=$algos; fi
-    timeout 150 python3 benchmarks/md_speed.py --out "$OUT/algos-$algos" --budget-s 140 \
-      --case-timeout-s 140 --only "mp0-medium/13824/fastmace-default" \
-      > "$OUT/algos-$algos.log" 2>&1
-    echo "U1D_ALGOS $algos: exit $?"; grep -E "ms/step|Error|error" "$OUT/algos-$algos.log" | tail -3
-  done
-  unset CUEQUIVARIANCE_OPS_U1D_ALGOS
-  ;;
-124)
   # The planner's one compile worker (set around the set-up and the run) against
   # TORCHINDUCTOR_COMPILE_THREADS=1 for the whole process (stage 117: 23.1-23.4 s against 28.8
   # s with the pool, on another machine; stage 121 with the planner's worker: 33.9-36.2 s):
   # a cold run and a warm one with the planner's worker, then two warm runs with the variable
-  # (each startup_time.py call makes two runs of about 65 s; stage 125 follows on the same
+  # (each startup_time.py call makes two runs of about 65 s; stage 124 follows on the same
   # machine with two more of the planner's).
   default_startup 260 150 startup-13824
   TORCHINDUCTOR_COMPILE_THREADS=1 default_startup 300 140 env-worker
   ;;
-125)
-  # Stage 124's second half, on its machine and cache: two more warm runs with the planner's
+124)
+  # Stage 123's second half, on its machine and cache: two more warm runs with the planner's
   # one worker.
   default_startup 300 140 plan-worker
   ;;
