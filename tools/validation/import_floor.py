@@ -5,7 +5,7 @@ reads the kept conversion, which imports mace-torch's model code, e3nn and cuEqu
 request check imports torch and ASE's readers. mace-torch's model code is also timed with
 ``TORCHINDUCTOR_COMPILE_THREADS=1``, which stage 117 saw shorten the model phase.
 
-    python3 tools/validation/import_floor.py
+    python3 tools/validation/import_floor.py [--once]
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ CASES = (
 
 
 def main() -> None:
+    rounds = 1 if "--once" in sys.argv else 2
     for label, code, extra in CASES:
-        for _ in range(2):
+        for _ in range(rounds):
             start = time.perf_counter()
             done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **extra},
                                   capture_output=True, text=True)  # fmt: skip
