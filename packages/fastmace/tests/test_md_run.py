@@ -242,7 +242,8 @@ def test_a_run_says_how_start_up_went_and_which_path_runs(demo):
     assert len(lines) == 1, shown.getvalue()
     assert re.fullmatch(
         r"start-up [\d.]+ s to the first step: (process before the run \(Python, imports, "
-        r"input\) [\d.]+ s, )?plan [\d.]+ s, model [\d.]+ s, set-up [\d.]+ s, "
+        r"input\) [\d.]+ s, )?request check [\d.]+ s, plan [\d.]+ s, model [\d.]+ s, "
+        r"set-up [\d.]+ s, "
         r"first block [\d.]+ s(, other [\d.]+ s)?; running e3nn float64 on cpu, uncompiled, "
         r"no CUDA graphs, K=\d+",
         lines[0],
