@@ -129,7 +129,6 @@ class Simulation:
         self.start_step = 0
         self.start_time_fs = 0.0
         self.setup_parts: dict[str, float] = {}  # each part's seconds (metadata.json)
-        self._compile_cost_recorded = False
         # The stages of the set-up, in order; nothing is written before the run directory.
         self._check_request()
         state = self._initial_state(output, resume)
@@ -143,8 +142,11 @@ class Simulation:
                 state = _state_from_restart(state, restart.payload)
             with inductor_workers(self.compile_workers):  # the first compiled call
                 md, force_field = self._first_forces(state, restart)
+            # The first compiled call: the set-up's first forces, or else (where those run
+            # eagerly to check FastMACE's own kernels on the first state) the first block.
             self._compiled_in_setup = self.potential.first_compiled_call_s is not None
-            self._record_compile_cost(model, plan)
+            if self._compiled_in_setup:
+                self._record_compile_cost(model, plan)
             self._continue_from(restart, md, force_field)
             self._assemble_engine(md, state, force_field, restart, resume)
             self.timings = {
@@ -309,13 +311,11 @@ class Simulation:
         self.engine.steps_done = self.start_step
 
     def _record_compile_cost(self, model: LoadedModel, plan: Plan | None) -> None:
-        """What this run's compilation cost, for the next plan of the same model and size:
-        once, after the first compiled call (the set-up's first forces, or, where those run
-        eagerly to check FastMACE's own kernels on the first state, the first block)."""
+        """What this run's compilation cost, for the next plan of the same model and size
+        (called once, after the first compiled call)."""
         seconds = self.potential.first_compiled_call_s
-        if plan is not None and seconds is not None and not self._compile_cost_recorded:
+        if plan is not None and seconds is not None:
             record_cost_s(compile_identity(model, plan), seconds)
-            self._compile_cost_recorded = True
 
     def record(self) -> RunRecord:
         """What metadata.json and the report read of this run (fastmace.provenance)."""
@@ -619,10 +619,10 @@ class Simulation:
             self._time_first_step()
             startup = {**self.timings, "first_block_s": elapsed}
             compile_s = self.potential.first_compiled_call_s
-            # The first compiled call was the set-up's first forces, or else in this block.
             where = "setup_s" if self._compiled_in_setup else "first_block_s"
             progress.note(startup_line(self._path_text(), startup, compile_s, where))
-            self._record_compile_cost(self.model, self.plan)
+            if not self._compiled_in_setup:  # this block held the first compiled call
+                self._record_compile_cost(self.model, self.plan)
         elif steady:
             if not speed.steady_steps:
                 self.timings["to_steady_s"] = time.perf_counter() - self.called
