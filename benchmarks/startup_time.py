@@ -5,9 +5,10 @@ template, float32, cuEq, a few steps, no trajectory): the first run fills the ca
 second is the warm start the performance issue targets (``--profile-warm``: a third run, warm
 again, under cProfile and ``-X importtime``, so that the first two keep their own timing;
 ``--frames-warm``: one more that prints each frame Dynamo compiled, with its times and guards;
-``--lists-warm``: that again with cuEquivariance's path tables left as lists). The phases come
-from each run's metadata.json ``timings`` (docs/output.md: load, gate, setup, first block,
-capture, and the time from the process's start to the end of the first block), so they are
+``--lists-warm``: that again with cuEquivariance's path tables left as lists;
+``--precompile-warm``: two more with Dynamo's own cache, benchmarks/precompile_probe.py). The
+phases come from each run's metadata.json ``timings`` (docs/output.md: load, gate, setup, first
+block, capture, and the time from the process's start to the end of the first block), so they are
 what every user's run records. ``--profile`` also runs each child under ``cProfile`` (which
 slows Python code) and keeps its largest cumulative times.
 
@@ -128,6 +129,15 @@ LISTS_PROBE = (
 )
 
 
+# ``--precompile-warm``: two more warm runs with Dynamo's own cache on (benchmarks/
+# precompile_probe.py): the first saves what Dynamo makes, the second should load it.
+PRECOMPILE_PROBE = (
+    f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+    "import precompile_probe\nprecompile_probe.install()\n"
+)
+PRECOMPILE_RUNS = ("warm-precompile-save", "warm-precompile")
+
+
 def output_of(expired: subprocess.TimeoutExpired) -> str:
     """What a run stopped by the time limit had printed (bytes there, whatever ``text`` says)."""
     parts = (expired.stdout, expired.stderr)
@@ -158,7 +168,9 @@ def startup_cases(summary: dict) -> list[dict]:
             continue
         phases = run["phases_s"]
         rate = phases.get("steps_per_s")
-        probe = ["lists"] if run["run"] == "warm-lists" else []  # a probe, not the default path
+        # A probe, not the default path.
+        probe = ["lists"] if run["run"] == "warm-lists" else []
+        probe += ["precompile"] if run["run"] in PRECOMPILE_RUNS else []
         case = {
             "model": "mp0-medium",
             "atoms": summary["atoms"],
@@ -202,6 +214,11 @@ def main() -> None:
         action="store_true",
         help="one more such run with cuEquivariance's path tables left as lists",
     )
+    parser.add_argument(
+        "--precompile-warm",
+        action="store_true",
+        help="two more warm runs with Dynamo's own cache (benchmarks/precompile_probe.py)",
+    )
     parser.add_argument("--timeout-s", type=float, default=240.0, help="per run")
     parser.add_argument("--extra", nargs="*", default=[], help="more fastmace md options")
     parser.add_argument(
@@ -216,6 +233,7 @@ def main() -> None:
     runs = []
     names = ["cold", "warm"] + ["warm-profiled"] * args.profile_warm
     names += ["warm-frames"] * args.frames_warm + ["warm-lists"] * args.lists_warm
+    names += list(PRECOMPILE_RUNS) * args.precompile_warm
     for name in names:
         profile = args.out / f"{name}.prof"
         profiled = args.profile or name == "warm-profiled"
@@ -230,6 +248,8 @@ def main() -> None:
             launcher = ["-c", FRAMES_REPORT + RUN_MAIN, "md"]
         elif name == "warm-lists":
             launcher = ["-c", FRAMES_REPORT + LISTS_PROBE + RUN_MAIN, "md"]
+        elif name in PRECOMPILE_RUNS:
+            launcher = ["-c", FRAMES_REPORT + PRECOMPILE_PROBE + RUN_MAIN, "md"]
         command = [
             sys.executable, *profiler, *launcher,
             str(structure), "--model", "template:mp0-medium", "--dtype", "float32",

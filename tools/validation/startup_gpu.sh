@@ -1639,6 +1639,16 @@ mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default,mp0-medium/172
   # one worker.
   default_startup 300 140 plan-worker
   ;;
+125)
+  # Dynamo's own cache (benchmarks/precompile_probe.py: torch's caching_precompile, with e3nn's
+  # TorchScript harmonics and simplify's Activation graphs worked around, which stop it on the
+  # CPU): stage 121's cold and warm runs, then two warm runs with the cache, the first saving
+  # what Dynamo makes and the second loading it, each printing its frames. What else stops the
+  # cache on the GPU is in their logs.
+  default_startup 560 150 startup-13824 --precompile-warm
+  grep -h "^frame:\|cannot be saved\|could not compile\|Error" \
+    "$OUT"/startup-13824/warm-precompile*.log | cut -c1-260 | head -40
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
