@@ -3,19 +3,19 @@
 torch.compile traces the model again in every process (9-10 s of a warm start at 13,824 atoms,
 docs/validation/performance.md) even when Inductor's caches hold every kernel. torch's
 ``caching_precompile`` keeps what Dynamo made (its bytecode, guards and the compiled graphs) so
-that a later process loads it instead. On the CPU two things stop it from saving the compiled
-potential's frame: e3nn's spherical harmonics are a TorchScript function, which a saved guard
-cannot name, and mace-torch's ``simplify`` turns e3nn's ``Activation`` into an fx
-``GraphModule``, whose class is made per instance and cannot be named either; cuEquivariance's
-"naive" method (the CPU's, and a fallback on CUDA) makes more of those. :func:`install` works
-around all three in its process. On the CPU (tiny template, 2026-12-08) torch then saved the
-frame, and a second process loaded it in 0.02 s instead of tracing for 19.4 s, but its guards
-failed: each naive graph's code runs in a scope named after an object's id, which the saved
-guards name, so Dynamo traced again and stopped on a name the loaded entry had installed
-("Name '__builtins_dict___0' already exists in scope"). So on CUDA the cache can work only where
-no naive graph is left; a run on the GPU shows whether any is, what else stops the cache there,
-and what a warm start saves when nothing does. ``benchmarks/startup_time.py --precompile-warm``
-runs ``fastmace md`` with it.
+that a later process loads it instead. On the CPU (torch 2.14, 2026-12-08) four things stopped
+it, each an object a saved guard cannot name: e3nn's spherical harmonics (a TorchScript
+function), the fx graphs of mace-torch's ``simplify`` (e3nn's ``Activation``) and of
+cuEquivariance's "naive" method (its linear layers use it on CUDA too), whose classes are made
+per instance and whose code runs in scopes named after object ids, and the ``__new__`` of
+mace-torch's named tuples (compiled from a string by ``collections.namedtuple``).
+:func:`install` works around all four in its process, with the planner's own kernels doing
+the rest (FastMACE's convolution and product basis, every linear layer stacked). Then torch
+saved the frame, and a second process loaded it in 0.02 s instead of tracing (44 s there,
+Inductor's compilation included), but the loaded entry's guards still failed, for a reason not
+yet found, and Dynamo's tracing again stopped on a name the loaded entry had installed ("Name
+'__builtins_dict___0' already exists in scope"). ``benchmarks/startup_time.py
+--precompile-warm`` runs ``fastmace md`` with it on the GPU (stage 125).
 """
 
 from __future__ import annotations
@@ -26,6 +26,14 @@ import types
 import torch
 
 import fastmace.dynamics.potential as potential
+from fastmace.dynamics.irreps_linear import (
+    CUEQ_LINEAR,
+    LinearReadError,
+    class_name,
+    is_equivariant_linear,
+    read_linear,
+)
+from fastmace.dynamics.stacked_linear import StackedLinear
 
 
 class ScalarActivation(torch.nn.Module):
@@ -57,6 +65,19 @@ def _replace_activations(model: torch.nn.Module) -> None:
             _replace_activations(child)
 
 
+def _stack_every_linear(model: torch.nn.Module) -> None:
+    """cuEquivariance's linear layers (its "naive" method, fx graphs, on CUDA too) as FastMACE's
+    stacked GEMMs, also where stacking saves no launch (the planner keeps those as they are)."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if class_name(child) != CUEQ_LINEAR or not is_equivariant_linear(child):
+                continue
+            try:
+                setattr(module, name, StackedLinear(read_linear(child)))
+            except LinearReadError:
+                continue
+
+
 class NamedGraphModule(torch.fx.GraphModule):
     """An fx graph under a class torch can name; its generated ``forward`` kept per instance."""
 
@@ -70,6 +91,27 @@ def _name_graph_modules(model: torch.nn.Module) -> None:
             module.forward = types.MethodType(forward, module)
 
 
+def _tuple_new(cls: type, *args: object, **kwargs: object) -> tuple:
+    """A named tuple's ``__new__`` written as a function of this module: the one
+    ``collections.namedtuple`` makes is compiled from a string, in a namespace of its own that a
+    saved guard names after its id (so a later process's guards fail)."""
+    values = list(args) + [
+        kwargs.pop(field) for field in cls._fields[len(args) :] if field in kwargs
+    ]
+    if kwargs or len(values) < len(cls._fields):
+        missing = cls._fields[len(values) :]
+        defaults = cls._field_defaults
+        values += [defaults[field] for field in missing]  # a KeyError names a missing field
+    return tuple.__new__(cls, values)
+
+
+def _named_tuples_built_by_a_module_function() -> None:
+    from mace.modules import utils
+
+    for named in (utils.GraphContext, utils.InteractionKwargs):
+        named.__new__ = _tuple_new
+
+
 def _prepared_for_the_cache(model: torch.nn.Module) -> None:
     """In place of potential._register_as_when_built, on the copy torch.compile traces."""
     import e3nn.o3._spherical_harmonics as harmonics
@@ -78,7 +120,9 @@ def _prepared_for_the_cache(model: torch.nn.Module) -> None:
     if isinstance(scripted, torch.jit.ScriptFunction):
         # The Python function TorchScript compiled, which Dynamo traces anyway.
         harmonics._spherical_harmonics = scripted._torchdynamo_inline
+    _named_tuples_built_by_a_module_function()
     _replace_activations(model)
+    _stack_every_linear(model)
     _name_graph_modules(model)
     graphs = [name for name, module in model.named_modules() if type(module) is NamedGraphModule]
     # Each graph's code runs in a scope named after an object's id, which a saved guard names
