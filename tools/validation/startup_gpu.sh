@@ -1640,11 +1640,11 @@ mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default,mp0-medium/172
   default_startup 300 140 plan-worker
   ;;
 125)
-  # Dynamo's own cache (benchmarks/precompile_probe.py: torch's caching_precompile, with e3nn's
-  # TorchScript harmonics and simplify's Activation graphs worked around, which stop it on the
-  # CPU): stage 121's cold and warm runs, then two warm runs with the cache, the first saving
-  # what Dynamo makes and the second loading it, each printing its frames. What else stops the
-  # cache on the GPU is in their logs.
+  # Dynamo's own cache (benchmarks/precompile_probe.py: torch's caching_precompile, with the
+  # four things worked around that stop it on the CPU; there a second process loaded the frame,
+  # then its guards failed): stage 121's cold and warm runs, then two warm runs with the cache,
+  # the first saving what Dynamo makes and the second loading it, each printing its frames.
+  # Whether the GPU's load holds, or what stops it, is in their logs.
   default_startup 560 150 startup-13824 --precompile-warm
   grep -h "^frame:\|cannot be saved\|could not compile\|Error" \
     "$OUT"/startup-13824/warm-precompile*.log | cut -c1-260 | head -40
