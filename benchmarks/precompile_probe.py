@@ -4,18 +4,19 @@ torch.compile traces the model again in every process (9-10 s of a warm start at
 docs/validation/performance.md) even when Inductor's caches hold every kernel. torch's
 ``caching_precompile`` keeps what Dynamo made (its bytecode, guards and the compiled graphs) so
 that a later process loads it instead. On the CPU (torch 2.14, 2026-12-08) four things stopped
-it, each an object a saved guard cannot name: e3nn's spherical harmonics (a TorchScript
-function), the fx graphs of mace-torch's ``simplify`` (e3nn's ``Activation``) and of
-cuEquivariance's "naive" method (its linear layers use it on CUDA too), whose classes are made
-per instance and whose code runs in scopes named after object ids, and the ``__new__`` of
-mace-torch's named tuples (compiled from a string by ``collections.namedtuple``).
-:func:`install` works around all four in its process, with the planner's own kernels doing
-the rest (FastMACE's convolution and product basis, every linear layer stacked). Then torch
-saved the frame, and a second process loaded it in 0.02 s instead of tracing (44 s there,
-Inductor's compilation included), but the loaded entry's guards still failed, for a reason not
-yet found, and Dynamo's tracing again stopped on a name the loaded entry had installed ("Name
-'__builtins_dict___0' already exists in scope"). ``benchmarks/startup_time.py
---precompile-warm`` runs ``fastmace md`` with it on the GPU (stage 125).
+it from saving, each an object a saved guard cannot name: e3nn's spherical harmonics (a
+TorchScript function), the fx graphs of mace-torch's ``simplify`` (e3nn's ``Activation``) and
+of cuEquivariance's "naive" method (its linear layers use it on CUDA too), whose classes are
+made per instance and whose code runs in scopes named after object ids, and the ``__new__`` of
+mace-torch's named tuples (compiled from a string by ``collections.namedtuple``). A fifth
+stopped the load: a loaded entry's guards are rebuilt from tensors saved without their
+dynamic-size marks, so they refused the marked edges of every call. :func:`install` works
+around all five in its process (every size symbolic in place of the marks), with the planner's
+own kernels doing the rest (FastMACE's convolution and product basis, every linear layer
+stacked). Then a second process ran its compiled first call in 1.1 s with the cache, against
+7.1 s without it (tiny template, 108 atoms, warm Inductor caches both).
+``benchmarks/startup_time.py --precompile-warm`` runs ``fastmace md`` with it on the GPU
+(stage 125 of tools/validation/startup_gpu.sh).
 """
 
 from __future__ import annotations
@@ -139,8 +140,25 @@ def _save_at_exit() -> None:
     print(f"precompile: saved to Dynamo's cache: {counts}", flush=True)
 
 
-def install() -> None:
-    """Dynamo's cache on, the work-arounds above, and the cache written at exit."""
-    torch._dynamo.config.caching_precompile = True
+def _compiled_with_every_size_symbolic(
+    model: torch.nn.Module, *, share_pair_radials: bool = False, backend: str = "inductor"
+):
+    """potential._compiled with ``dynamic=True`` in place of marking the edges' sizes: a
+    loaded entry's guards are rebuilt from tensors saved without their marks, and so refused
+    every marked tensor ("_has_dynamo_dim_marking is present on runtime tensor but was absent
+    at compile time")."""
+    from fastmace.runtime import cache, environment
+
+    traceable = potential._traceable(model, share_pair_radials)
+    environment.configure_compile_caches(cache.cache_root().path)
+    return torch.compile(traceable, backend=backend, dynamic=True)
+
+
+def install(cache: bool = True) -> None:
+    """The work-arounds above for this process and, with ``cache``, Dynamo's cache on and
+    written at exit (without: the same compiled path traced as usual, for comparison)."""
     potential._register_as_when_built = _prepared_for_the_cache
-    atexit.register(_save_at_exit)
+    potential._compiled = _compiled_with_every_size_symbolic
+    if cache:
+        torch._dynamo.config.caching_precompile = True
+        atexit.register(_save_at_exit)

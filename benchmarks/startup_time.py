@@ -6,7 +6,7 @@ second is the warm start the performance issue targets (``--profile-warm``: a th
 again, under cProfile and ``-X importtime``, so that the first two keep their own timing;
 ``--frames-warm``: one more that prints each frame Dynamo compiled, with its times and guards;
 ``--lists-warm``: that again with cuEquivariance's path tables left as lists;
-``--precompile-warm``: two more with Dynamo's own cache, benchmarks/precompile_probe.py). The
+``--precompile-warm``: three more with and without Dynamo's own cache, precompile_probe.py). The
 phases come from each run's metadata.json ``timings`` (docs/output.md: load, gate, setup, first
 block, capture, and the time from the process's start to the end of the first block), so they are
 what every user's run records. ``--profile`` also runs each child under ``cProfile`` (which
@@ -129,13 +129,18 @@ LISTS_PROBE = (
 )
 
 
-# ``--precompile-warm``: two more warm runs with Dynamo's own cache on (benchmarks/
-# precompile_probe.py): the first saves what Dynamo makes, the second should load it.
-PRECOMPILE_PROBE = (
-    f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
-    "import precompile_probe\nprecompile_probe.install()\n"
-)
-PRECOMPILE_RUNS = ("warm-precompile-save", "warm-precompile")
+# ``--precompile-warm``: three more warm runs on the probe's compiled path (benchmarks/
+# precompile_probe.py): the first saves what Dynamo makes, the second loads it, the third
+# traces as usual (the same path without Dynamo's cache, for comparison).
+PRECOMPILE_RUNS = ("warm-precompile-save", "warm-precompile", "warm-precompile-off")
+
+
+def precompile_probe(cache: bool) -> str:
+    """The code that installs the probe in a child, with or without Dynamo's cache."""
+    return (
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        f"import precompile_probe\nprecompile_probe.install(cache={cache})\n"
+    )
 
 
 def output_of(expired: subprocess.TimeoutExpired) -> str:
@@ -170,7 +175,8 @@ def startup_cases(summary: dict) -> list[dict]:
         rate = phases.get("steps_per_s")
         # A probe, not the default path.
         probe = ["lists"] if run["run"] == "warm-lists" else []
-        probe += ["precompile"] if run["run"] in PRECOMPILE_RUNS else []
+        if run["run"] in PRECOMPILE_RUNS:  # precompile-save, precompile, precompile-off
+            probe = [run["run"].removeprefix("warm-")]
         case = {
             "model": "mp0-medium",
             "atoms": summary["atoms"],
@@ -217,7 +223,7 @@ def main() -> None:
     parser.add_argument(
         "--precompile-warm",
         action="store_true",
-        help="two more warm runs with Dynamo's own cache (benchmarks/precompile_probe.py)",
+        help="three more warm runs: Dynamo's cache saved, loaded, and off (precompile_probe.py)",
     )
     parser.add_argument("--timeout-s", type=float, default=240.0, help="per run")
     parser.add_argument("--extra", nargs="*", default=[], help="more fastmace md options")
@@ -249,7 +255,8 @@ def main() -> None:
         elif name == "warm-lists":
             launcher = ["-c", FRAMES_REPORT + LISTS_PROBE + RUN_MAIN, "md"]
         elif name in PRECOMPILE_RUNS:
-            launcher = ["-c", FRAMES_REPORT + PRECOMPILE_PROBE + RUN_MAIN, "md"]
+            probe = precompile_probe(cache=name != "warm-precompile-off")
+            launcher = ["-c", FRAMES_REPORT + probe + RUN_MAIN, "md"]
         command = [
             sys.executable, *profiler, *launcher,
             str(structure), "--model", "template:mp0-medium", "--dtype", "float32",
