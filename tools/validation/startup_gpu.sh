@@ -1650,6 +1650,15 @@ mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default,mp0-medium/172
   grep -h "^frame:\|cannot be saved\|could not compile\|Error" \
     "$OUT"/startup-13824/warm-precompile*.log | cut -c1-260 | head -40
   ;;
+126)
+  # Two short measurements of a warm start's pieces: e3nn's spherical harmonics at their first
+  # eager calls, TorchScript against the Python function (stage 116's profile: 1.65 s inside
+  # them), and each import a warm start pays (tools/validation/import_floor.py).
+  timeout 100 python3 tools/validation/harmonics_first_calls.py > "$OUT/harmonics.txt" 2>&1
+  cat "$OUT/harmonics.txt"
+  timeout 200 python3 tools/validation/import_floor.py --once > "$OUT/import_floor.txt" 2>&1
+  cat "$OUT/import_floor.txt"
+  ;;
 esac
 # Keep what is worth committing: the structures and run directories' other files stay behind.
 find "$OUT" \( -name "*.extxyz" -o -name "*.prof" -o -name "restart.npz" -o -name "*.png" \
