@@ -1647,7 +1647,14 @@ mp0-medium/13824/fastmace-default,mp0-medium/216/fastmace-default,mp0-medium/172
   # its graphs then: 170 s allowed), the second loading it, the third without the cache, each
   # printing its frames. Whether the GPU's load holds, or what stops it, is in their logs.
   default_startup 590 170 startup-13824 --precompile-warm
-  grep -h "^frame:\|cannot be saved\|could not compile\|Error" \
+  grep -h "^frame:\|^precompile:\|cannot be saved\|could not compile\|Error" \
+    "$OUT"/startup-13824/warm-precompile*.log | cut -c1-260 | head -40
+  ;;
+127)
+  # Stage 125 for a session with few device seconds: only the probe's three runs (the first
+  # fills an empty cache root, then saves Dynamo's entry; then loaded, then without it).
+  default_startup 420 190 startup-13824 --precompile-only
+  grep -h "^frame:\|^precompile:\|cannot be saved\|could not compile\|Error" \
     "$OUT"/startup-13824/warm-precompile*.log | cut -c1-260 | head -40
   ;;
 126)
