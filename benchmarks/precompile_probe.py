@@ -10,8 +10,9 @@ of cuEquivariance's "naive" method (its linear layers use it on CUDA too), whose
 made per instance and whose code runs in scopes named after object ids, and the ``__new__`` of
 mace-torch's named tuples (compiled from a string by ``collections.namedtuple``). A fifth
 stopped the load: a loaded entry's guards are rebuilt from tensors saved without their
-dynamic-size marks, so they refused the marked edges of every call. :func:`install` works
-around all five in its process (every size symbolic in place of the marks), with the planner's
+dynamic-size marks, so they refused the marked edges of every call. FastMACE's traced copy
+now holds its own ``ScalarActivation`` (dynamics/scalar_activation.py); :func:`install` works
+around the other four in its process (every size symbolic in place of the marks), with the planner's
 own kernels doing the rest (FastMACE's convolution and product basis, every linear layer
 stacked). Then a second process ran its compiled first call in 1.1 s with the cache, against
 7.1 s without it (tiny template, 108 atoms, warm Inductor caches both).
@@ -34,36 +35,8 @@ from fastmace.dynamics.irreps_linear import (
     is_equivariant_linear,
     read_linear,
 )
+from fastmace.dynamics.scalar_activation import replace_activations
 from fastmace.dynamics.stacked_linear import StackedLinear
-
-
-class ScalarActivation(torch.nn.Module):
-    """e3nn's ``Activation`` on scalar channels, as a module of a class torch can name: each
-    block of channels through its activation (or unchanged where it has none)."""
-
-    def __init__(self, activation: torch.nn.Module) -> None:
-        super().__init__()
-        self.widths = tuple(mul * irrep.dim for mul, irrep in activation.irreps_in)
-        self.acts = activation.acts
-
-    def forward(self, features: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        parts = []
-        start = 0
-        for width, act in zip(self.widths, self.acts, strict=True):
-            part = features.narrow(dim, start, width)
-            parts.append(part if act is None else act(part))
-            start += width
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
-
-
-def _replace_activations(model: torch.nn.Module) -> None:
-    from e3nn import nn as e3nn_nn
-
-    for name, child in model.named_children():
-        if type(child) is e3nn_nn.Activation:
-            setattr(model, name, ScalarActivation(child))
-        else:
-            _replace_activations(child)
 
 
 def _stack_every_linear(model: torch.nn.Module) -> None:
@@ -113,8 +86,8 @@ def _named_tuples_built_by_a_module_function() -> None:
         named.__new__ = _tuple_new
 
 
-def _prepared_for_the_cache(model: torch.nn.Module) -> None:
-    """In place of potential._register_as_when_built, on the copy torch.compile traces."""
+def _prepared_for_the_cache(model: torch.nn.Module) -> int:
+    """In place of potential.replace_activations, on the copy torch.compile traces."""
     import e3nn.o3._spherical_harmonics as harmonics
 
     scripted = harmonics._spherical_harmonics
@@ -122,13 +95,14 @@ def _prepared_for_the_cache(model: torch.nn.Module) -> None:
         # The Python function TorchScript compiled, which Dynamo traces anyway.
         harmonics._spherical_harmonics = scripted._torchdynamo_inline
     _named_tuples_built_by_a_module_function()
-    _replace_activations(model)
+    replaced = replace_activations(model)
     _stack_every_linear(model)
     _name_graph_modules(model)
     graphs = [name for name, module in model.named_modules() if type(module) is NamedGraphModule]
     # Each graph's code runs in a scope named after an object's id, which a saved guard names
     # (so, on the CPU, a later process's guards failed and Dynamo traced again).
     print(f"precompile: {len(graphs)} fx graphs in the traced copy: {graphs[:8]}", flush=True)
+    return replaced
 
 
 def _save_at_exit() -> None:
@@ -157,7 +131,7 @@ def _compiled_with_every_size_symbolic(
 def install(cache: bool = True) -> None:
     """The work-arounds above for this process and, with ``cache``, Dynamo's cache on and
     written at exit (without: the same compiled path traced as usual, for comparison)."""
-    potential._register_as_when_built = _prepared_for_the_cache
+    potential.replace_activations = _prepared_for_the_cache
     potential._compiled = _compiled_with_every_size_symbolic
     if cache:
         torch._dynamo.config.caching_precompile = True

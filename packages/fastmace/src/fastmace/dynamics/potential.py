@@ -81,6 +81,7 @@ from fastmace.dynamics.radial_table import (
     table_refusal,
     tabulated_model,
 )
+from fastmace.dynamics.scalar_activation import replace_activations
 from fastmace.dynamics.species_linear import SpeciesLinear, specialise_for_species
 from fastmace.dynamics.stacked_linear import stacked_model
 from fastmace.dynamics.state import PotentialOutput, State
@@ -896,29 +897,14 @@ def _traceable(model: torch.nn.Module, share_pair_radials: bool) -> torch.nn.Mod
                 )
         if share_pair_radials:
             traceable = pair_shared_model(traceable)
-        _register_as_when_built(traceable)
+        # e3nn's Activation as a module Dynamo traces (mace-torch's readouts hold it; a model
+        # built in this process also had it registered for simplify: scalar_activation.py).
+        replace_activations(traceable)
         traceable = simplify(traceable)
     # Weights are constants of the compiled graph: AOTAutograd's backward then computes only
     # the gradients the forces need.
     traceable.requires_grad_(False)
     return traceable
-
-
-def _register_as_when_built(model: torch.nn.Module) -> None:
-    """Register for ``simplify`` what mace-torch registers when it builds these blocks.
-
-    mace-torch registers e3nn's ``Activation`` for symbolic simplification when it builds a
-    non-linear readout (``simplify_if_compile`` in its blocks' ``__init__``), not at import. A
-    model that was unpickled in this process (a kept conversion, a checkpoint) was never built
-    here, so its activations were left for Dynamo to trace, which then failed creating a guard
-    on e3nn's ``Irrep`` (its ``__len__`` raises): the warm compiled start of stage 65 on the
-    H200. This does what building the model would have done, and nothing more.
-    """
-    from e3nn import nn as e3nn_nn
-    from mace.tools.compile import simplify_if_compile
-
-    if any(type(module) is e3nn_nn.Activation for module in model.modules()):
-        simplify_if_compile(e3nn_nn.Activation)
 
 
 @contextlib.contextmanager
