@@ -12,9 +12,10 @@ mace-torch's named tuples (compiled from a string by ``collections.namedtuple``)
 stopped the load: a loaded entry's guards are rebuilt from tensors saved without their
 dynamic-size marks, so they refused the marked edges of every call. FastMACE's traced copy
 now holds its own ``ScalarActivation`` (dynamics/scalar_activation.py); :func:`install` works
-around the other four in its process (every size symbolic in place of the marks), with the planner's
-own kernels doing the rest (FastMACE's convolution and product basis, every linear layer
-stacked). Then a second process ran its compiled first call in 1.1 s with the cache, against
+around the other four in its process: the harmonics' Python function, every linear layer as
+FastMACE's stacked GEMMs (the planner's own convolution and product basis replace the other
+naive graphs), named tuples built by a module function, every size symbolic in place of the
+marks. Then a second process ran its compiled first call in 1.1 s with the cache, against
 7.1 s without it (tiny template, 108 atoms, warm Inductor caches both).
 ``benchmarks/startup_time.py --precompile-warm`` runs ``fastmace md`` with it on the GPU
 (stage 125 of tools/validation/startup_gpu.sh).
@@ -23,7 +24,6 @@ stacked). Then a second process ran its compiled first call in 1.1 s with the ca
 from __future__ import annotations
 
 import atexit
-import types
 
 import torch
 
@@ -50,19 +50,6 @@ def _stack_every_linear(model: torch.nn.Module) -> None:
                 setattr(module, name, StackedLinear(read_linear(child)))
             except LinearReadError:
                 continue
-
-
-class NamedGraphModule(torch.fx.GraphModule):
-    """An fx graph under a class torch can name; its generated ``forward`` kept per instance."""
-
-
-def _name_graph_modules(model: torch.nn.Module) -> None:
-    """Give cuEquivariance's "naive" graphs (the CPU's method) a class torch can name."""
-    for module in list(model.modules()):
-        if isinstance(module, torch.fx.GraphModule) and type(module) is not NamedGraphModule:
-            forward = type(module).forward
-            module.__class__ = NamedGraphModule
-            module.forward = types.MethodType(forward, module)
 
 
 def _tuple_new(cls: type, *args: object, **kwargs: object) -> tuple:
@@ -97,10 +84,11 @@ def _prepared_for_the_cache(model: torch.nn.Module) -> int:
     _named_tuples_built_by_a_module_function()
     replaced = replace_activations(model)
     _stack_every_linear(model)
-    _name_graph_modules(model)
-    graphs = [name for name, module in model.named_modules() if type(module) is NamedGraphModule]
-    # Each graph's code runs in a scope named after an object's id, which a saved guard names
-    # (so, on the CPU, a later process's guards failed and Dynamo traced again).
+    # An fx graph left (cuEquivariance's "naive" method) stops the save: its class is made per
+    # instance, and its code runs in a scope named after an object's id.
+    graphs = [
+        name for name, module in model.named_modules() if isinstance(module, torch.fx.GraphModule)
+    ]
     print(f"precompile: {len(graphs)} fx graphs in the traced copy: {graphs[:8]}", flush=True)
     return replaced
 
